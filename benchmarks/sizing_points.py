@@ -1,0 +1,97 @@
+"""Real vLLM start-up figures (tests/fixtures/sizing/vllm_startup_points.csv) as plan requests.
+
+Each row is one vLLM start: GPU, flags and what vLLM printed (available KV memory, blocks,
+tokens, concurrency). Shared by the accuracy benchmark and the tests that reproduce them.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import GIB, lookup_gpu
+from exporter.capacity.plan import PlanRequest
+from exporter.capacity.releases import release
+from exporter.sources.model_dir import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+POINTS = ROOT / "tests" / "fixtures" / "sizing" / "vllm_startup_points.csv"
+CONFIGS = ROOT / "tests" / "fixtures" / "models"
+
+
+@dataclass(frozen=True)
+class StartupPoint:
+    row: int
+    model: str
+    version: str
+    tp: int
+    pp: int
+    max_model_len: int
+    kv_cache_dtype: str
+    quantization: str
+    printed_kv_bytes: int  # "Available KV cache memory: X GiB", as a byte count
+    tokens: int
+    blocks: int
+    concurrency: float
+    dtype: str
+    request: PlanRequest  # the deployment, with no printed figure in it
+
+    @property
+    def label(self) -> str:
+        extra = f" q={self.quantization}" if self.quantization else ""
+        return (
+            f"{self.model.split('/')[-1]} {self.version} tp{self.tp} pp{self.pp} "
+            f"len{self.max_model_len} kv={self.kv_cache_dtype} {self.dtype}{extra}"
+        )
+
+
+def _config_dir(model: str) -> Path:
+    return CONFIGS / model.replace("/", "__")
+
+
+def load_points(path: Path = POINTS) -> list[StartupPoint]:
+    points = []
+    with path.open(newline="", encoding="utf-8") as f:
+        for i, row in enumerate(csv.DictReader(f), start=2):
+            m = re.search(r"dtype=(\w+)", row["notes"])
+            dtype = m.group(1) if m else "auto"
+            source = load_model(str(_config_dir(row["model"])))
+            arch = parse_config(source.config, source.config_path, dtype=dtype, name=row["model"])
+            gpu = lookup_gpu(row["gpu"])
+            if row["gpu_mem_gib"]:
+                assert round(gpu.total_bytes / GIB, 2) == float(row["gpu_mem_gib"]), row["gpu"]
+            request = PlanRequest(
+                arch=arch,
+                model_name=row["model"],
+                gpu=gpu,
+                release=release(row["vllm_version"]),
+                gpu_memory_utilization=float(row["gpu_memory_utilization"]),
+                tensor_parallel_size=int(row["tp"]),
+                pipeline_parallel_size=int(row["pp"]),
+                kv_cache_dtype=row["kv_cache_dtype"] or "auto",
+                block_size=int(row["block_size"]) if row["block_size"] else None,
+                max_model_len=int(row["max_model_len"]),
+                quantization=row["quantization"] or None,
+            )
+            points.append(
+                StartupPoint(
+                    row=i,
+                    model=row["model"],
+                    version=row["vllm_version"],
+                    tp=int(row["tp"]),
+                    pp=int(row["pp"]),
+                    max_model_len=int(row["max_model_len"]),
+                    kv_cache_dtype=row["kv_cache_dtype"],
+                    quantization=row["quantization"],
+                    printed_kv_bytes=round(float(row["reported_kv_cache_gib"]) * GIB),
+                    tokens=int(row["reported_kv_tokens"]),
+                    blocks=int(row["reported_gpu_blocks"]),
+                    concurrency=float(row["reported_max_concurrency"]),
+                    dtype=dtype,
+                    request=request,
+                )
+            )
+    return points

@@ -1,0 +1,737 @@
+"""A Hugging Face ``config.json`` → the model's KV layout, layer by layer.
+
+vLLM decides per layer what kind of KV cache it keeps (vllm/v1/kv_cache_interface.py) and
+this module reproduces that decision from the config alone: full attention (MHA/GQA/MQA),
+sliding window, chunked local attention (Llama 4), MLA (DeepSeek), and the constant-size
+state of Mamba / linear-attention layers in hybrid models. Pure: a dict in, a frozen
+``ModelArch`` out; bad or missing keys raise ``InputError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from exporter.errors import MISSING, InputError
+
+
+class LayerKind(StrEnum):
+    FULL = "full"
+    SLIDING = "sliding"
+    CHUNKED = "chunked"
+    MLA = "mla"
+    MAMBA = "mamba"  # any constant-size recurrent state: Mamba1/2, GDN, linear attention
+
+
+class AttentionKind(StrEnum):
+    """What the model is, in one word, for the ``info`` metric and the plan header."""
+
+    MHA = "mha"
+    GQA = "gqa"
+    MQA = "mqa"
+    MLA = "mla"
+    SLIDING = "sliding_window"
+    HYBRID_SLIDING = "hybrid_sliding"  # sliding + full layers, several KV groups
+    CHUNKED = "hybrid_chunked"  # chunked local + full (Llama 4)
+    HYBRID_MAMBA = "hybrid_mamba"  # attention + Mamba/linear attention
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """A recurrent layer's per-sequence state, as element counts before TP sharding.
+
+    ``conv`` and ``ssm`` are the two tensors vLLM keeps; ``tp_shardable`` says how many
+    heads the TP split divides (states are split by heads across TP ranks).
+    """
+
+    conv_elems: int
+    ssm_elems: int
+    ssm_dtype_bytes: int | None = None  # None: the model dtype
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One decoder layer's KV cache, before tensor parallelism."""
+
+    kind: LayerKind
+    num_kv_heads: int = 0  # total KV heads; MLA: 1 latent "head"
+    head_size: int = 0  # K head size (MLA: kv_lora_rank + qk_rope_head_dim)
+    head_size_v: int = 0  # V head size (MLA: 0, no separate V)
+    window: int | None = None  # sliding window W or attention chunk C, in tokens
+    state: StateShape | None = None  # MAMBA only
+
+    def bytes_per_token(self, tp: int, dtype_bytes: int) -> int:
+        """Bytes one token costs in this layer on one GPU (0 for constant-size state)."""
+        if self.kind is LayerKind.MAMBA:
+            return 0
+        return kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes
+
+
+def kv_heads_per_gpu(layer: LayerKV, tp: int) -> int:
+    """KV heads one TP rank holds: ``max(1, heads // tp)``; MLA's latent is never sharded.
+
+    When TP exceeds the KV heads each rank keeps one replicated head
+    (vllm/config/model.py::get_num_kv_heads), so per-GPU bytes stop shrinking.
+    """
+    if layer.kind is LayerKind.MLA:
+        return 1
+    return max(1, layer.num_kv_heads // tp)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    method: str  # quant_method as the config spells it, lower case
+    weight_bits: float  # bits per quantized weight, scales included
+    experts_only: bool = False  # mxfp4 in gpt-oss quantizes only the MoE experts
+    kv_cache_bits: int | None = None  # llm-compressor kv_cache_scheme, if any
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Everything the capacity engine needs to know about a model."""
+
+    origin: str  # where it came from, for messages
+    model_type: str
+    architectures: tuple[str, ...]
+    layers: tuple[LayerKV, ...]
+    dtype: str  # serving dtype vLLM picks with --dtype auto
+    config_dtype: str | None  # what the config says, if anything
+    num_attention_heads: int | None
+    hidden_size: int | None
+    intermediate_size: int | None
+    vocab_size: int | None
+    tie_word_embeddings: bool
+    max_model_len: int | None  # the longest context the config allows, as vLLM derives it
+    moe: MoE | None
+    mla: MLADims | None
+    quantization: Quantization | None
+    approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
+    notes: tuple[str, ...] = ()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def attention_kind(self) -> AttentionKind:
+        kinds = {layer.kind for layer in self.layers}
+        if LayerKind.MAMBA in kinds:
+            return AttentionKind.HYBRID_MAMBA
+        if LayerKind.MLA in kinds:
+            return AttentionKind.MLA
+        if LayerKind.CHUNKED in kinds:
+            return AttentionKind.CHUNKED
+        if kinds == {LayerKind.SLIDING}:
+            return AttentionKind.SLIDING
+        if LayerKind.SLIDING in kinds:
+            return AttentionKind.HYBRID_SLIDING
+        kv = self.layers[0].num_kv_heads
+        if kv == 1:
+            return AttentionKind.MQA
+        if self.num_attention_heads is not None and kv == self.num_attention_heads:
+            return AttentionKind.MHA
+        return AttentionKind.GQA
+
+    @property
+    def attention_layers(self) -> tuple[LayerKV, ...]:
+        return tuple(layer for layer in self.layers if layer.kind is not LayerKind.MAMBA)
+
+
+@dataclass(frozen=True)
+class MoE:
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int  # 0 when there are no shared experts
+    dense_layers: int  # leading layers with a dense MLP instead (DeepSeek first_k_dense_replace)
+
+
+@dataclass(frozen=True)
+class MLADims:
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+
+
+# --- reading keys ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Reader:
+    """Typed access to a config dict that reports the exact key on error."""
+
+    cfg: Mapping[str, Any]
+    origin: str
+    prefix: str = ""
+    used: dict[str, object] = field(default_factory=dict)
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def raw(self, key: str) -> Any:
+        return self.cfg.get(key)
+
+    def int_(self, *keys: str, required: bool = False, positive: bool = True) -> int | None:
+        """The first of ``keys`` that is set, as an int; ``required`` names the first key."""
+        for key in keys:
+            value = self.cfg.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(self.origin, self.path(key), value, "must be an integer")
+            if isinstance(value, float) and not value.is_integer():
+                raise InputError(self.origin, self.path(key), value, "must be an integer")
+            if positive and value <= 0:
+                raise InputError(self.origin, self.path(key), value, "must be greater than 0")
+            return int(value)
+        if required:
+            names = " or ".join(self.path(k) for k in keys)
+            raise InputError(self.origin, names, MISSING, "is required to size the KV cache")
+        return None
+
+    def bool_(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InputError(self.origin, self.path(key), value, "must be true or false")
+        return value
+
+    def str_(self, key: str) -> str | None:
+        value = self.cfg.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise InputError(self.origin, self.path(key), value, "must be a string")
+        return value
+
+
+_DTYPES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def serving_dtype(config_dtype: str | None, requested: str, where: str = "--dtype") -> str:
+    """The dtype vLLM runs the model in (vllm/config/model.py::_get_and_verify_dtype).
+
+    ``auto`` keeps a 16-bit config dtype and turns float32 (or a missing dtype, which
+    transformers reads as float32) into bfloat16; anything else is taken as asked.
+    """
+    if requested == "auto":
+        if config_dtype in (None, "float32"):
+            return "bfloat16"
+        return config_dtype
+    dtype = _DTYPES.get(requested.lower())
+    if dtype is None:
+        raise InputError(where, "", requested, "use auto, bfloat16, float16 or float32")
+    return dtype
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+_HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+# transformers' config defaults for keys a config may omit (only where vLLM relies on them).
+_MODEL_DEFAULTS: dict[str, dict[str, object]] = {
+    "gemma3_text": {
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
+        "vocab_size": 262208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+    },
+    "gemma2": {"head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 8192},
+    "llama4_text": {
+        "attention_chunk_size": 8192,
+        "no_rope_layer_interval": 4,
+        "max_position_embeddings": 4096 * 32,
+    },
+    "gpt_oss": {"sliding_window": 128, "head_dim": 64},
+}
+
+_MLA_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "deepseek_mtp",
+        "kimi_k2",
+        "kimi_vl",
+        "kimi_linear",
+        "longcat_flash",
+        "pangu_ultra_moe",
+        "glm4_moe_lite",
+        "mistral_large_3",
+    }
+)
+
+
+def text_config(config: Mapping[str, Any], origin: str) -> tuple[Mapping[str, Any], str]:
+    """The language model's config: ``text_config`` (or ``llm_config``) of a multimodal model.
+
+    Top-level keys vLLM reads from the outer config (dtype, quantization) are kept when the
+    inner one lacks them.
+    """
+    for key in ("text_config", "llm_config", "language_config"):
+        inner = config.get(key)
+        if inner is None:
+            continue
+        if not isinstance(inner, Mapping):
+            raise InputError(origin, key, type(inner).__name__, "must be an object")
+        merged = dict(inner)
+        for outer_key in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings"):
+            if outer_key in config and outer_key not in merged:
+                merged[outer_key] = config[outer_key]
+        if "model_type" not in merged and isinstance(config.get("model_type"), str):
+            merged["model_type"] = f"{config['model_type']}_text"
+        return merged, f"{key}."
+    return config, ""
+
+
+def parse_config(
+    config: Mapping[str, Any], origin: str, *, dtype: str = "auto", name: str | None = None
+) -> ModelArch:
+    """Read a Hugging Face config into the KV layout vLLM would build for it."""
+    if not isinstance(config, Mapping):
+        raise InputError(origin, "", type(config).__name__, "a config.json must be a JSON object")
+    inner, prefix = text_config(config, origin)
+    architectures = tuple(str(a) for a in (config.get("architectures") or ()))
+    model_type = str(inner.get("model_type") or config.get("model_type") or "")
+    defaults = _MODEL_DEFAULTS.get(model_type, {})
+    cfg = {**defaults, **{k: v for k, v in inner.items() if v is not None}}
+    r = _Reader(cfg, origin, prefix)
+
+    num_layers = r.int_(*_LAYER_KEYS, required=True)
+    assert num_layers is not None
+    num_heads = r.int_(*_HEAD_KEYS)
+    hidden = r.int_(*_HIDDEN_KEYS)
+    approximate: list[str] = []
+    notes: list[str] = []
+
+    config_dtype_raw = r.str_("torch_dtype") or r.str_("dtype")
+    config_dtype = _DTYPES.get(config_dtype_raw.lower()) if config_dtype_raw else None
+    if config_dtype_raw and config_dtype is None:
+        raise InputError(origin, r.path("torch_dtype"), config_dtype_raw, "unknown dtype")
+    run_dtype = serving_dtype(config_dtype, dtype)
+
+    mla = _mla_dims(r, model_type, architectures)
+    head_size = _head_size(r, num_heads, hidden)
+    kv_heads = _kv_heads(r, num_heads)
+    if num_heads is not None and kv_heads > num_heads:
+        raise InputError(
+            origin,
+            r.path("num_key_value_heads"),
+            kv_heads,
+            f"is larger than num_attention_heads ({num_heads}); the config contradicts itself",
+        )
+    if num_heads is not None and kv_heads and num_heads % kv_heads:
+        raise InputError(
+            origin,
+            r.path("num_key_value_heads"),
+            kv_heads,
+            f"does not divide num_attention_heads ({num_heads}); GQA needs whole groups",
+        )
+
+    kinds = _layer_kinds(r, model_type, num_layers, approximate, notes)
+    layers: list[LayerKV] = []
+    for kind, window in kinds:
+        if kind is LayerKind.MAMBA:
+            layers.append(LayerKV(LayerKind.MAMBA, state=_state_shape(r, hidden, approximate)))
+        elif mla is not None:
+            layers.append(
+                LayerKV(LayerKind.MLA, 1, mla.kv_lora_rank + mla.qk_rope_head_dim, 0, None)
+            )
+        else:
+            if head_size is None:
+                raise InputError(
+                    origin,
+                    r.path("head_dim"),
+                    MISSING,
+                    "is needed (or hidden_size and num_attention_heads to derive it)",
+                )
+            layers.append(LayerKV(kind, kv_heads, head_size, head_size, window))
+
+    return ModelArch(
+        origin=name or origin,
+        model_type=model_type,
+        architectures=architectures,
+        layers=tuple(layers),
+        dtype=run_dtype,
+        config_dtype=config_dtype,
+        num_attention_heads=num_heads,
+        hidden_size=hidden,
+        intermediate_size=r.int_("intermediate_size", "ffn_hidden_size", "n_inner"),
+        vocab_size=r.int_("vocab_size", "padded_vocab_size"),
+        tie_word_embeddings=r.bool_("tie_word_embeddings", False),
+        max_model_len=_max_model_len(r),
+        moe=_moe(r),
+        mla=mla,
+        quantization=_quantization(config, inner, origin),
+        approximate=tuple(dict.fromkeys(approximate)),
+        notes=tuple(dict.fromkeys(notes)),
+    )
+
+
+def _head_size(r: _Reader, num_heads: int | None, hidden: int | None) -> int | None:
+    """``head_dim`` if set and > 0, else ``hidden_size_per_head``, else hidden // heads."""
+    value = r.raw("head_dim")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    per_head = r.int_("hidden_size_per_head")
+    if per_head is not None:
+        return per_head
+    if num_heads and hidden:
+        if hidden % num_heads:
+            raise InputError(
+                r.origin,
+                r.path("hidden_size"),
+                hidden,
+                f"is not a multiple of num_attention_heads ({num_heads}) and head_dim is not set",
+            )
+        return hidden // num_heads
+    return None
+
+
+def _kv_heads(r: _Reader, num_heads: int | None) -> int:
+    """vllm/config/model.py::get_total_num_kv_heads, for the keys configs use."""
+    if r.bool_("multi_query", False) and not r.bool_("new_decoder_architecture", False):
+        return 1  # Falcon-7B style MQA
+    attn_config = r.raw("attn_config")
+    if isinstance(attn_config, Mapping) and attn_config.get("kv_n_heads") is not None:
+        sub = _Reader(attn_config, r.origin, r.path("attn_config."))
+        value = sub.int_("kv_n_heads", required=True)
+        assert value is not None
+        return value
+    kv = r.int_(*_KV_HEAD_KEYS)
+    if kv is not None:
+        return kv
+    if num_heads is not None:
+        return num_heads
+    raise InputError(
+        r.origin,
+        r.path("num_key_value_heads"),
+        MISSING,
+        "is required (or num_attention_heads, for multi-head attention)",
+    )
+
+
+def _mla_dims(r: _Reader, model_type: str, architectures: Sequence[str]) -> MLADims | None:
+    if not r.has("kv_lora_rank"):
+        return None
+    if model_type not in _MLA_MODEL_TYPES and not any("Deepseek" in a for a in architectures):
+        return None
+    kv_lora_rank = r.int_("kv_lora_rank", required=True)
+    rope = r.int_("qk_rope_head_dim", required=True)
+    assert kv_lora_rank is not None
+    assert rope is not None
+    return MLADims(
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=r.int_("qk_nope_head_dim") or 0,
+        v_head_dim=r.int_("v_head_dim") or 0,
+        q_lora_rank=r.int_("q_lora_rank"),
+    )
+
+
+_WINDOWED = {"sliding_attention": LayerKind.SLIDING, "chunked_attention": LayerKind.CHUNKED}
+_RECURRENT = ("mamba", "linear_attention", "conv", "gated_delta", "lightning", "ssm")
+
+
+def _layer_kinds(
+    r: _Reader, model_type: str, num_layers: int, approximate: list[str], notes: list[str]
+) -> list[tuple[LayerKind, int | None]]:
+    """Per layer: which spec vLLM gives it, and its window or chunk size."""
+    window = r.int_("sliding_window")
+    chunk = r.int_("attention_chunk_size")
+    full: tuple[LayerKind, int | None] = (LayerKind.FULL, None)
+
+    # Qwen2-family configs carry a sliding_window that is off unless use_sliding_window.
+    if r.raw("use_sliding_window") is False:
+        window = None
+
+    types = _explicit_layer_types(r, num_layers)
+    if types is None:
+        types = _implied_layer_types(r, model_type, num_layers, window, chunk, notes)
+
+    kinds: list[tuple[LayerKind, int | None]] = []
+    for i, t in enumerate(types):
+        name = t.lower()
+        if name in ("full_attention", "attention", "global", "full"):
+            kinds.append(full)
+        elif name == "sliding_attention":
+            if window is None:
+                raise InputError(
+                    r.origin,
+                    r.path(f"layer_types[{i}]"),
+                    t,
+                    "names a sliding layer but sliding_window is not set",
+                )
+            kinds.append((LayerKind.SLIDING, window))
+        elif name == "chunked_attention":
+            if chunk is None:
+                raise InputError(
+                    r.origin,
+                    r.path(f"layer_types[{i}]"),
+                    t,
+                    "names a chunked layer but attention_chunk_size is not set",
+                )
+            kinds.append((LayerKind.CHUNKED, chunk))
+        elif any(tag in name for tag in _RECURRENT):
+            kinds.append((LayerKind.MAMBA, None))
+        elif name in ("mlp", "moe", "-", "e"):
+            continue  # a block without attention or state keeps no cache
+        else:
+            raise InputError(
+                r.origin,
+                r.path(f"layer_types[{i}]"),
+                t,
+                "is not a layer type this planner knows (full_attention, sliding_attention, "
+                "chunked_attention, mamba, linear_attention)",
+            )
+    if any(k is LayerKind.MAMBA for k, _ in kinds):
+        approximate.append(
+            "hybrid attention + recurrent (Mamba/linear-attention) model: the state page and "
+            "vLLM's attention block-size alignment are modelled, kernel alignment is not"
+        )
+    if not kinds:
+        raise InputError(r.origin, r.path("layer_types"), MISSING, "no layer keeps a KV cache")
+    return kinds
+
+
+def _explicit_layer_types(r: _Reader, num_layers: int) -> list[str] | None:
+    for key in ("layer_types", "layers_block_type"):
+        value = r.raw(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InputError(r.origin, r.path(key), value, "must be a list of layer type names")
+        if len(value) != num_layers:
+            raise InputError(
+                r.origin,
+                r.path(key),
+                f"{len(value)} entries",
+                f"must have one entry per layer (num_hidden_layers = {num_layers})",
+            )
+        return list(value)
+    pattern = r.raw("hybrid_override_pattern")  # Nemotron-H: M = Mamba, * = attention
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise InputError(r.origin, r.path("hybrid_override_pattern"), pattern, "not a string")
+        names = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
+        out = []
+        for i, c in enumerate(pattern):
+            if c not in names:
+                raise InputError(
+                    r.origin,
+                    r.path(f"hybrid_override_pattern[{i}]"),
+                    c,
+                    "unknown block; expected M, *, - or E",
+                )
+            out.append(names[c])
+        return out
+    return None
+
+
+def _implied_layer_types(
+    r: _Reader,
+    model_type: str,
+    num_layers: int,
+    window: int | None,
+    chunk: int | None,
+    notes: list[str],
+) -> list[str]:
+    """Layer types transformers derives when the config does not list them."""
+    full, sliding = "full_attention", "sliding_attention"
+    interval = r.int_("full_attention_interval")  # Qwen3-Next: every Nth layer is attention
+    if interval is not None:
+        return [full if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+    period = r.int_("attn_layer_period")  # Jamba: attention every period, at offset
+    if period is not None:
+        offset = r.int_("attn_layer_offset", positive=False) or 0
+        return [full if i % period == offset else "mamba" for i in range(num_layers)]
+    if chunk is not None and model_type.startswith("llama4"):
+        no_rope = r.raw("no_rope_layers")
+        if isinstance(no_rope, list) and len(no_rope) == num_layers:
+            return [_llama4_layer(uses_rope=bool(flag)) for flag in no_rope]
+        every = r.int_("no_rope_layer_interval") or 4
+        return ["chunked_attention" if (i + 1) % every else full for i in range(num_layers)]
+    if window is None:
+        return [full] * num_layers
+    if model_type in ("gemma2", "gpt_oss"):
+        return [sliding if i % 2 == 0 else full for i in range(num_layers)]
+    if model_type in ("gemma3", "gemma3_text", "cohere2"):
+        default = 6 if model_type != "cohere2" else 4
+        pattern = r.int_("sliding_window_pattern") or default
+        return [sliding if (i + 1) % pattern else full for i in range(num_layers)]
+    if model_type.startswith(("qwen2", "qwen3")):
+        first = r.int_("max_window_layers", positive=False)
+        first = num_layers if first is None else first
+        return [sliding if i >= first else full for i in range(num_layers)]
+    notes.append(
+        f"sliding_window = {window} on every layer: vLLM keeps a window per layer "
+        "(one sliding-window group)"
+    )
+    return [sliding] * num_layers
+
+
+def _llama4_layer(*, uses_rope: bool) -> str:
+    """Llama 4's ``no_rope_layers``: 1 marks a RoPE layer (chunked), 0 a NoPE layer (full)."""
+    return "chunked_attention" if uses_rope else "full_attention"
+
+
+def _state_shape(r: _Reader, hidden: int | None, approximate: list[str]) -> StateShape:
+    """Per-sequence recurrent state, by family (the shapes vLLM's model classes declare)."""
+    # Gated DeltaNet (Qwen3-Next, Qwen3.5): conv over q, k, v; state per value head.
+    if r.has("linear_num_value_heads"):
+        k_heads = r.int_("linear_num_key_heads", required=True) or 0
+        v_heads = r.int_("linear_num_value_heads", required=True) or 0
+        k_dim = r.int_("linear_key_head_dim", required=True) or 0
+        v_dim = r.int_("linear_value_head_dim", required=True) or 0
+        kernel = r.int_("linear_conv_kernel_dim") or 4
+        conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
+        return StateShape((kernel - 1) * conv_dim, v_heads * k_dim * v_dim)
+    # Mamba2 (Nemotron-H, Granite-4, Bamba, Zamba2, Falcon-H1).
+    if r.has("mamba_n_heads") or r.has("mamba_num_heads") or r.has("ssm_state_size"):
+        state = r.int_("ssm_state_size", "mamba_d_state", "state_size", required=True) or 0
+        n_heads = r.int_("mamba_n_heads", "mamba_num_heads")
+        head_dim = r.int_("mamba_head_dim", "mamba_d_head")
+        groups = r.int_("n_groups", "mamba_n_groups") or 1
+        kernel = r.int_("conv_kernel", "mamba_d_conv") or 4
+        if n_heads and head_dim:
+            inner = n_heads * head_dim
+        else:
+            expand = r.int_("mamba_expand", "expand") or 2
+            inner = expand * (hidden or 0)
+            head_dim = head_dim or 64
+            n_heads = inner // head_dim
+        conv_dim = inner + 2 * groups * state
+        return StateShape((kernel - 1) * conv_dim, n_heads * head_dim * state)
+    # Mamba1 (Jamba).
+    if r.has("mamba_d_state"):
+        state = r.int_("mamba_d_state", required=True) or 0
+        expand = r.int_("mamba_expand") or 2
+        kernel = r.int_("mamba_d_conv") or 4
+        inner = expand * (hidden or 0)
+        return StateShape((kernel - 1) * inner, inner * state)
+    approximate.append("recurrent layer state shape unknown for this config: counted as 0 bytes")
+    return StateShape(0, 0)
+
+
+def _max_model_len(r: _Reader) -> int | None:
+    """The longest context the config allows (vllm/config/model.py::_get_and_verify_max_len).
+
+    The smallest of the length keys present, times a RoPE scaling factor for the types that
+    extend it (not for ``llama3``/``longrope``/``su``, whose length is already final).
+    """
+    lengths = [v for k in _LEN_KEYS if (v := r.int_(k)) is not None]
+    if not lengths:
+        return None
+    length = min(lengths)
+    scaling = r.raw("rope_scaling")
+    if isinstance(scaling, Mapping):
+        rope_type = str(scaling.get("rope_type") or scaling.get("type") or "")
+        factor = scaling.get("factor")
+        if rope_type not in ("", "su", "longrope", "llama3", "default", "mrope") and (
+            isinstance(factor, int | float) and factor > 1
+        ):
+            if rope_type == "yarn":
+                original = scaling.get("original_max_position_embeddings")
+                base = original if isinstance(original, int) else length
+                length = int(base * factor)
+            else:
+                length = int(length * factor)
+    return length
+
+
+def _moe(r: _Reader) -> MoE | None:
+    experts = r.int_("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    if not experts or experts <= 1:
+        return None
+    per_token = r.int_("num_experts_per_tok", "moe_top_k", "top_k", "num_experts_per_token") or 2
+    inter = r.int_("moe_intermediate_size", "intermediate_size") or 0
+    shared = r.int_("shared_expert_intermediate_size") or 0
+    n_shared = r.int_("n_shared_experts", "num_shared_experts")
+    if not shared and n_shared:
+        shared = n_shared * inter
+    dense = r.int_("first_k_dense_replace", positive=False) or 0
+    return MoE(experts, per_token, inter, shared, dense)
+
+
+_QUANT_BITS = {
+    "fp8": 8.0,
+    "fbgemm_fp8": 8.0,
+    "modelopt": 8.0,
+    "ptpc_fp8": 8.0,
+    "experts_int8": 8.0,
+    "bitsandbytes": 4.5,
+    "mxfp4": 4.25,  # 4-bit values + one 8-bit scale per 32
+    "modelopt_fp4": 4.5,
+    "nvfp4": 4.5,
+}
+
+
+def _quantization(
+    config: Mapping[str, Any], inner: Mapping[str, Any], origin: str
+) -> Quantization | None:
+    q = inner.get("quantization_config") or config.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, Mapping):
+        raise InputError(origin, "quantization_config", q, "must be an object")
+    method = str(q.get("quant_method") or "").lower()
+    kv_bits = None
+    kv_scheme = q.get("kv_cache_scheme")
+    if isinstance(kv_scheme, Mapping) and isinstance(kv_scheme.get("num_bits"), int):
+        kv_bits = int(kv_scheme["num_bits"])
+    if method in _QUANT_BITS:
+        bits = _QUANT_BITS[method]
+    elif method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round", "hqq"):
+        raw_bits = q.get("bits") or q.get("w_bit") or 4
+        group = q.get("group_size") or q.get("q_group_size") or 128
+        bits = float(raw_bits) + (16.0 + float(raw_bits)) / max(int(group), 1)
+    elif method == "compressed-tensors":
+        bits = _compressed_tensors_bits(q)
+    else:
+        bits = 16.0
+    return Quantization(method or "unknown", bits, method == "mxfp4", kv_bits)
+
+
+def _compressed_tensors_bits(q: Mapping[str, Any]) -> float:
+    groups = q.get("config_groups")
+    if isinstance(groups, Mapping):
+        for group in groups.values():
+            weights = group.get("weights") if isinstance(group, Mapping) else None
+            if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
+                return float(weights["num_bits"])
+    return 16.0

@@ -1,0 +1,234 @@
+"""GPUs by name, with their memory as the CUDA driver reports it to vLLM.
+
+vLLM sizes its budget from ``torch.cuda.mem_get_info()``'s total, which is less than the
+marketing figure and less than NVML's ``memory.total`` (the driver keeps a reserve): an
+"80 GB" H100 reports 79.19 GiB. Figures below are what PyTorch/vLLM printed in public
+logs and issues (``total_memory=``, "GPU 0 has a total capacity of X GiB"); where only two
+decimals of GiB were published, the byte count is that figure × 2**30 and carries its
+rounding (±0.005 GiB). The figure also moves a little with the driver branch (an H100 reads
+79.33 GiB on CUDA 12.2 drivers, 79.18-79.20 on 12.7-13.0): pass ``--gpu`` a byte count
+when you know yours. Sources of every figure: ``docs/gpu-memory-sources.json``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from exporter.errors import InputError
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    total_bytes: int  # as CUDA reports it (what vLLM multiplies by the utilization)
+    family: str  # ampere, ada, hopper, blackwell, volta, turing, cdna3, cpu, unknown
+    source: str  # where the figure comes from
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def platform(self) -> str:
+        return "cpu" if self.family == "cpu" else "cuda"
+
+
+def _gib(value: float) -> int:
+    return round(value * GIB)
+
+
+CATALOGUE: tuple[Gpu, ...] = (
+    Gpu(
+        "H100-80GB",
+        85028896768,
+        "hopper",
+        "CUDA total 85,028,896,768 B (79.19 GiB)",
+        (
+            "nvidia h100 80gb hbm3",
+            "nvidia h100 80gb",
+            "h100 sxm5 80gb",
+            "h100-80gb-hbm3",
+            "h100",
+            "h100-sxm-80gb",
+        ),
+    ),
+    Gpu(
+        "H100-PCIe-80GB",
+        _gib(79.19),
+        "hopper",
+        "PyTorch total 79.19 GiB",
+        ("nvidia h100 pcie", "h100 pcie"),
+    ),
+    Gpu(
+        "H100-NVL-94GB",
+        99960750080,
+        "hopper",
+        "CUDA total 99,960,750,080 B (93.10 GiB)",
+        ("nvidia h100 nvl", "h100 nvl", "h100 94gb"),
+    ),
+    Gpu(
+        "H200-141GB",
+        _gib(139.80),
+        "hopper",
+        "PyTorch total 139.80 GiB",
+        ("nvidia h200", "h200 sxm 141gb", "h200"),
+    ),
+    Gpu("H20-96GB", _gib(95.00), "hopper", "PyTorch total 95.00 GiB", ("nvidia h20", "h20")),
+    Gpu(
+        "GH200-96GB",
+        102005473280,
+        "hopper",
+        "CUDA total 102,005,473,280 B (95.00 GiB)",
+        ("nvidia gh200 480gb", "gh200 96gb hbm3"),
+    ),
+    Gpu(
+        "B200",
+        _gib(178.35),
+        "blackwell",
+        "PyTorch total 178.35 GiB",
+        ("nvidia b200", "b200 180gb", "b200 sxm"),
+    ),
+    Gpu(
+        "A100-SXM4-80GB",
+        85100068864,
+        "ampere",
+        "CUDA total 85,100,068,864 B (79.26 GiB)",
+        ("nvidia a100-sxm4-80gb", "a100 80gb sxm", "a100-80gb"),
+    ),
+    Gpu(
+        "A100-PCIE-40GB",
+        42406903808,
+        "ampere",
+        "CUDA total 42,406,903,808 B (39.49 GiB)",
+        ("nvidia a100-pcie-40gb", "a100 40gb pcie"),
+    ),
+    Gpu(
+        "A100-SXM4-40GB",
+        42298834944,
+        "ampere",
+        "CUDA total 42,298,834,944 B (39.39 GiB)",
+        ("nvidia a100-sxm4-40gb", "a100 40gb sxm", "a100-40gb"),
+    ),
+    Gpu(
+        "L40S",
+        47803596800,
+        "ada",
+        "CUDA total 47,803,596,800 B (44.52 GiB)",
+        ("nvidia l40s", "l40s 48gb"),
+    ),
+    Gpu("L40", _gib(44.40), "ada", "PyTorch total 44.40 GiB", ("nvidia l40", "l40 48gb")),
+    Gpu(
+        "L4",
+        23570219008,
+        "ada",
+        "CUDA total 23,570,219,008 B (21.95 GiB)",
+        ("nvidia l4", "l4 24gb"),
+    ),
+    Gpu(
+        "A10G",
+        _gib(22.06),
+        "ampere",
+        "PyTorch total 22.06 GiB",
+        ("nvidia a10g", "a10g 24gb", "aws g5"),
+    ),
+    Gpu(
+        "A10",
+        23696375808,
+        "ampere",
+        "CUDA total 23,696,375,808 B (22.07 GiB)",
+        ("nvidia a10", "a10 24gb"),
+    ),
+    Gpu(
+        "T4",
+        15843721216,
+        "turing",
+        "CUDA total 15,843,721,216 B (14.76 GiB)",
+        ("tesla t4", "nvidia t4", "t4 16gb"),
+    ),
+    Gpu(
+        "V100-SXM2-16GB",
+        16928342016,
+        "volta",
+        "CUDA total 16,928,342,016 B (15.77 GiB)",
+        ("tesla v100-sxm2-16gb", "v100 16gb"),
+    ),
+    Gpu(
+        "V100-SXM2-32GB",
+        34072559616,
+        "volta",
+        "CUDA total 34,072,559,616 B (31.73 GiB)",
+        ("tesla v100-sxm2-32gb", "v100 32gb"),
+    ),
+    Gpu(
+        "RTX-4090",
+        25386352640,
+        "ada",
+        "CUDA total 25,386,352,640 B (23.64 GiB, Linux)",
+        ("nvidia geforce rtx 4090", "rtx 4090", "4090"),
+    ),
+    Gpu(
+        "RTX-3090",
+        25327697920,
+        "ampere",
+        "CUDA total 25,327,697,920 B (23.59 GiB)",
+        ("nvidia geforce rtx 3090", "rtx 3090", "3090"),
+    ),
+    Gpu(
+        "RTX-A6000",
+        51160023040,
+        "ampere",
+        "CUDA total 51,160,023,040 B (47.65 GiB)",
+        ("nvidia rtx a6000", "rtx a6000", "a6000"),
+    ),
+    Gpu(
+        "MI300X",
+        206141652992,
+        "cdna3",
+        "HIP total 206,141,652,992 B (191.98 GiB)",
+        ("amd instinct mi300x", "mi300x 192gb"),
+    ),
+    Gpu(
+        "MI325X",
+        274861129728,
+        "cdna3",
+        "ROCm pool 274,861,129,728 B (PyTorch total not seen)",
+        ("amd instinct mi325x", "mi325x 256gb"),
+    ),
+)
+
+CPU = Gpu("cpu", 0, "cpu", "vLLM's CPU backend: KV memory is VLLM_CPU_KVCACHE_SPACE", ("cpu",))
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|mib|mb|b)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "mb": 10**6, "gb": 10**9, "mib": 1 << 20, "gib": GIB}
+
+
+def parse_bytes(text: str, where: str) -> int:
+    """``"85031714816"``, ``"79.19GiB"``, ``"80GB"``, ``"512MiB"`` → bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise InputError(where, "", text, "not a size; write bytes or e.g. 79.19GiB, 80GB")
+    unit = (m.group(2) or "b").lower()
+    value = float(m.group(1)) * _UNITS[unit]
+    if value <= 0:
+        raise InputError(where, "", text, "must be greater than 0")
+    return round(value)
+
+
+def lookup_gpu(name: str) -> Gpu:
+    """A catalogue GPU by name or alias (case and separators ignored), or a size in bytes."""
+    key = _key(name)
+    for gpu in (*CATALOGUE, CPU):
+        if key == _key(gpu.name) or key in (_key(a) for a in gpu.aliases):
+            return gpu
+    if _SIZE_RE.match(name):
+        total = parse_bytes(name, "--gpu")
+        return Gpu(f"custom ({name.strip()})", total, "unknown", "--gpu as given")
+    known = ", ".join(g.name for g in CATALOGUE)
+    raise InputError(
+        "--gpu", "", name, f"unknown GPU; use one of {known}, cpu, or its memory (e.g. 79.19GiB)"
+    )

@@ -1,0 +1,346 @@
+"""Blocks, groups and what vLLM prints: the KV cache of one deployment, exactly.
+
+Mirrors vllm/v1/kv_cache_interface.py (page sizes) and vllm/v1/core/kv_cache_utils.py
+(groups, ``num_blocks``, concurrency, the startup check) for the release asked. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
+from exporter.capacity.releases import ConcurrencyLine, Release, TokenLine
+from exporter.errors import InputError
+
+KV_CACHE_DTYPES = ("auto", "fp16", "float16", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+_KV_DTYPE_BYTES = {
+    "fp16": 2,
+    "float16": 2,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "int8": 1,
+}
+
+# Attention kernels need block sizes in these steps when vLLM raises the attention block to
+# cover a Mamba page (vllm/platforms/interface.py::_align_hybrid_block_size).
+_HYBRID_BLOCK_ALIGNMENT = 16
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, arch: ModelArch) -> int:
+    """Bytes per cached element: ``auto`` follows the model (or the checkpoint's KV scheme)."""
+    name = kv_cache_dtype.lower()
+    if name == "auto":
+        q = arch.quantization
+        if q is not None and q.kv_cache_bits == 8:
+            return 1  # llm-compressor kv_cache_scheme applies when the user set no dtype
+        return DTYPE_BYTES[model_dtype]
+    if name not in _KV_DTYPE_BYTES:
+        raise InputError(
+            "--kv-cache-dtype", "", kv_cache_dtype, f"use one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    return _KV_DTYPE_BYTES[name]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One layer's KV spec on one GPU (hashable: equal specs share groups)."""
+
+    kind: LayerKind
+    block_size: int
+    page_bytes: int  # bytes one block of this layer occupies
+    window: int | None = None
+
+    def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
+        """Blocks one request of ``length`` tokens may pin (``max_memory_usage_bytes``)."""
+        bs = self.block_size
+        if self.kind is LayerKind.MAMBA:
+            return 1
+        if self.kind is LayerKind.SLIDING:
+            assert self.window is not None
+            return cdiv(min(self.window - 1 + in_flight_tokens, length), bs) + 1
+        if self.kind is LayerKind.CHUNKED:
+            assert self.window is not None
+            return cdiv(min(self.window + in_flight_tokens, length), bs)
+        return cdiv(length, bs)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A KV cache group: layers that share one block table (vLLM ``KVCacheGroupSpec``)."""
+
+    spec: Spec
+    layers: tuple[int, ...]  # global layer indices, in vLLM's ``layers[i::n]`` order
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The whole model's groups, and how they fall onto pipeline stages."""
+
+    groups: tuple[Group, ...]
+    block_size: int
+    page_bytes: int
+    padding_layers: int  # layers vLLM adds so groups are equal-sized (memory it wastes)
+    stage_layers: tuple[range, ...]  # the layers each PP stage holds
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    def stage_bytes_per_block(self, stage: int) -> int:
+        """Bytes one block id costs on ``stage``: page × its largest projected group."""
+        held = self.stage_layers[stage]
+        largest = max(sum(1 for i in g.layers if i in held) for g in self.groups)
+        return self.page_bytes * largest
+
+    def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
+        return sum(g.spec.blocks_per_request(length, in_flight_tokens) for g in self.groups)
+
+
+def pp_partition(num_layers: int, pp: int) -> tuple[range, ...]:
+    """Layers per pipeline stage (vllm/distributed/utils.py::get_pp_indices).
+
+    An even split; remainder layers go to the stages before the last, from the
+    second-to-last backwards (the last one holds the final norm and LM head).
+    """
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    out, start = [], 0
+    for n in sizes:
+        out.append(range(start, start + n))
+        start += n
+    return tuple(out)
+
+
+def layer_page_bytes(layer: LayerKV, block_size: int, tp: int, dtype_bytes: int) -> int:
+    """``page_size_bytes`` of one attention layer (MLA: one latent head, no V)."""
+    heads = kv_heads_per_gpu(layer, tp)
+    return block_size * heads * (layer.head_size + layer.head_size_v) * dtype_bytes
+
+
+def mamba_page_bytes(layer: LayerKV, tp: int, dtype_bytes: int) -> int:
+    assert layer.state is not None
+    ssm_bytes = layer.state.ssm_dtype_bytes or dtype_bytes
+    return (layer.state.conv_elems * dtype_bytes + layer.state.ssm_elems * ssm_bytes) // tp
+
+
+def build_layout(
+    arch: ModelArch,
+    *,
+    release: Release,
+    block_size: int,
+    tp: int,
+    pp: int,
+    dtype_bytes: int,
+    hybrid_manager: bool = True,
+) -> tuple[Layout, int]:
+    """Group the layers as vLLM does; returns the layout and the attention block size used.
+
+    ``block_size`` is the configured one; hybrid Mamba models raise it so an attention page
+    covers a Mamba page. Without the hybrid manager (old releases or
+    ``--disable-hybrid-kv-cache-manager``) sliding and chunked layers are sized as full.
+    """
+    if pp > arch.num_layers:
+        raise InputError(
+            "--pipeline-parallel-size",
+            "",
+            pp,
+            f"is larger than the model's {arch.num_layers} layers",
+        )
+    layers = arch.layers
+    unify = not (hybrid_manager and release.hybrid_kv_cache_manager)
+    if unify:
+        layers = tuple(
+            LayerKV(LayerKind.FULL, x.num_kv_heads, x.head_size, x.head_size_v)
+            if x.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)
+            else x
+            for x in layers
+        )
+
+    attn = [x for x in layers if x.kind is not LayerKind.MAMBA]
+    mamba = [x for x in layers if x.kind is LayerKind.MAMBA]
+    if mamba and attn:
+        mamba_page = max(mamba_page_bytes(x, tp, dtype_bytes) for x in mamba)
+        per_token = max(layer_page_bytes(x, 1, tp, dtype_bytes) for x in attn)
+        needed = cdiv(mamba_page, per_token)
+        block_size = max(
+            block_size, cdiv(needed, _HYBRID_BLOCK_ALIGNMENT) * _HYBRID_BLOCK_ALIGNMENT
+        )
+
+    specs: list[Spec] = []
+    for x in layers:
+        if x.kind is LayerKind.MAMBA:
+            specs.append(Spec(LayerKind.MAMBA, block_size, mamba_page_bytes(x, tp, dtype_bytes)))
+        else:
+            page = layer_page_bytes(x, block_size, tp, dtype_bytes)
+            specs.append(Spec(x.kind, block_size, page, x.window))
+    page = max(s.page_bytes for s in specs)
+    # Mamba pages are padded up to the attention page; attention pages must already agree.
+    specs = [
+        Spec(s.kind, s.block_size, page, s.window) if s.kind is LayerKind.MAMBA else s
+        for s in specs
+    ]
+    if len({s.page_bytes for s in specs}) > 1:
+        raise InputError(
+            arch.origin,
+            "layer_types",
+            sorted({s.page_bytes for s in specs}),
+            "layers with different KV page sizes are not supported by this planner",
+        )
+
+    buckets: dict[Spec, list[int]] = {}
+    for i, s in enumerate(specs):
+        buckets.setdefault(s, []).append(i)
+    stage_layers = pp_partition(len(layers), pp)
+    if len(buckets) == 1:
+        (spec,) = buckets
+        group = Group(spec, tuple(range(len(layers))))
+        return Layout((group,), block_size, page, 0, stage_layers), block_size
+
+    sizes = [len(v) for v in buckets.values()]
+    group_size = min(sizes)
+    ratio = release.hybrid_group_ratio
+    if ratio is not None and max(sizes) < group_size * ratio:
+        group_size = max(sizes)
+    groups: list[Group] = []
+    padding = 0
+    for spec, members in buckets.items():
+        n = cdiv(len(members), group_size)
+        padding += n * group_size - len(members)
+        groups.extend(Group(spec, tuple(members[i::n])) for i in range(n))
+    return Layout(tuple(groups), block_size, page, padding, stage_layers), block_size
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What vLLM computes and prints once it knows the memory of every worker."""
+
+    num_blocks: int  # after the override and the minimum over workers
+    computed_blocks: int  # before --num-gpu-blocks-override
+    tightest_stage: int
+    blocks_per_request: int  # at max_model_len
+    max_concurrency: float  # "Maximum concurrency for L tokens per request: X×"
+    capacity_tokens: int  # "KV cache size: N tokens" as this release prints it
+    pool_tokens: int  # num_blocks × block_size: slots in the shared pool
+    token_line: TokenLine
+    concurrency_line: ConcurrencyLine
+
+
+def capacity(
+    layout: Layout,
+    stage_available: Sequence[int],
+    *,
+    release: Release,
+    max_model_len: int,
+    in_flight_tokens: int,
+    num_gpu_blocks_override: int | None,
+) -> Capacity:
+    """``num_blocks`` = min over stages of available // bytes per block, then the figures."""
+    per_stage = [
+        max(0, avail) // layout.stage_bytes_per_block(stage)
+        for stage, avail in enumerate(stage_available)
+    ]
+    computed = min(per_stage)
+    tightest = per_stage.index(computed)
+    blocks = num_gpu_blocks_override if num_gpu_blocks_override is not None else computed
+    per_request = layout.blocks_per_request(max_model_len, in_flight_tokens)
+    bs = layout.block_size
+    if release.concurrency_line is ConcurrencyLine.BLOCKS_OVER_REQUEST:
+        concurrency = blocks / per_request
+    else:
+        concurrency = blocks * bs / max_model_len
+    line = release.token_line
+    if line is TokenLine.CONCURRENCY_TIMES_LEN:
+        tokens = int(concurrency * max_model_len)
+    elif line is TokenLine.PER_GROUP:
+        tokens = blocks // layout.num_groups * bs
+    else:
+        tokens = blocks * bs
+    return Capacity(
+        num_blocks=blocks,
+        computed_blocks=computed,
+        tightest_stage=tightest,
+        blocks_per_request=per_request,
+        max_concurrency=concurrency,
+        capacity_tokens=tokens,
+        pool_tokens=blocks * bs,
+        token_line=line,
+        concurrency_line=release.concurrency_line,
+    )
+
+
+def sequences_that_fit(layout: Layout, num_blocks: int, context: int, in_flight_tokens: int) -> int:
+    """Whole sequences of ``context`` tokens the pool holds at once.
+
+    One block is vLLM's reserved null block and never holds a token, so this is
+    ``(num_blocks - 1) // blocks per sequence`` — e.g. 48 blocks of 128 at 2,048 tokens:
+    vLLM prints 3.00× but only 2 such sequences fit.
+    """
+    per_seq = layout.blocks_per_request(max(1, context), in_flight_tokens)
+    return max(0, num_blocks - 1) // per_seq
+
+
+@dataclass(frozen=True)
+class StartupFailure:
+    """vLLM's refusal to start: one request at max_model_len does not fit."""
+
+    needed_bytes: int
+    available_bytes: int
+    estimated_max_model_len: int
+    message: str
+
+
+def startup_check(
+    layout: Layout,
+    stage: int,
+    available: int,
+    *,
+    release: Release,
+    max_model_len: int,
+    in_flight_tokens: int,
+) -> StartupFailure | None:
+    """``_check_enough_kv_cache_memory`` on one worker, with vLLM's message."""
+    per_block = layout.stage_bytes_per_block(stage)
+    usable = available - per_block if release.version >= (0, 32, 0) else available
+    if available <= 0:
+        return StartupFailure(
+            0,
+            available,
+            0,
+            "No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine.",
+        )
+    needed = per_block * layout.blocks_per_request(max_model_len, in_flight_tokens)
+    if needed <= usable:
+        return None
+    lo, hi, best = 1, max_model_len, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if per_block * layout.blocks_per_request(mid, in_flight_tokens) <= usable:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    gib = 1 << 30
+    estimate = (
+        f"Based on the available memory, the estimated maximum model length is {best}. "
+        if best > 0
+        else ""
+    )
+    return StartupFailure(
+        needed,
+        usable,
+        best,
+        f"To serve at least one request with the model's max seq len ({max_model_len}), "
+        f"({needed / gib:.2f} GiB KV cache is needed, which is larger than the available "
+        f"KV cache memory ({usable / gib:.2f} GiB). {estimate}Try increasing "
+        "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+    )

@@ -1,0 +1,421 @@
+"""The whole sizing chain of one deployment: GPU memory → budget → blocks → sequences.
+
+``plan(request)`` is what ``kv-headroom plan`` prints and what the sidecar's expected
+capacity is computed with. Every figure carries where it came from (config, flag,
+default, estimate, given), so a reader can tell arithmetic from assumption.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from exporter.capacity.arch import LayerKind, ModelArch
+from exporter.capacity.gpus import GIB, Gpu
+from exporter.capacity.kvcache import (
+    Capacity,
+    Layout,
+    StartupFailure,
+    build_layout,
+    capacity,
+    kv_dtype_bytes,
+    sequences_that_fit,
+    startup_check,
+)
+from exporter.capacity.memory import (
+    ActivationInputs,
+    StageMemory,
+    activation_peaks,
+    cuda_graph_bytes,
+    non_torch_bytes,
+    requested_memory,
+)
+from exporter.capacity.releases import Release
+from exporter.capacity.weights import estimate_weights_bytes, stage_weight_bytes
+from exporter.errors import InputError
+
+
+@dataclass(frozen=True)
+class Context:
+    """A context length to size for: a label (``"2000"``, ``"p95"``) and its tokens."""
+
+    label: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A deployment as vLLM flags spell it; ``None`` means vLLM's default for the release."""
+
+    arch: ModelArch
+    model_name: str
+    gpu: Gpu
+    release: Release
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    enforce_eager: bool = False
+    quantization: str | None = None
+    weights_bytes: int | None = None
+    weights_source: str = "flag"
+    available_kv_bytes: int | None = None
+    contexts: tuple[Context, ...] = ()
+    async_scheduling: bool = True
+    hybrid_kv_cache_manager: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: PlanRequest
+    utilization: float
+    block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    in_flight_tokens: int
+    kv_dtype_bytes: int
+    kv_bytes_per_token: int  # per GPU on the tightest stage, summed over its layers
+    layout: Layout
+    stages: tuple[StageMemory, ...]  # modelled budget per PP stage
+    stage_available: tuple[int, ...]  # what each stage has for KV (modelled or given)
+    cap: Capacity
+    sequences: tuple[tuple[Context, int], ...]
+    startup_failure: StartupFailure | None
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def tightest(self) -> StageMemory:
+        return self.stages[self.cap.tightest_stage]
+
+    @property
+    def kv_budget_bytes(self) -> int:
+        return self.stage_available[self.cap.tightest_stage]
+
+
+def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tuple[int, int]:
+    """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` defaults for ``vllm serve``.
+
+    V1 (vllm/engine/arg_utils.py::get_batch_defaults): 8192 / 1024 on GPUs with ≥ 70 GiB
+    that are not A100s, 2048 / 256 otherwise. V0 without chunked prefill: the larger of
+    max_model_len and 2048, with 256 sequences.
+    """
+    if not release.v1:
+        return max(max_model_len, 2048), 256
+    big = gpu.total_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
+    return (8192, 1024) if big else (2048, 256)
+
+
+def default_block_size(arch: ModelArch, gpu: Gpu, release: Release) -> tuple[int, str]:
+    """The block size vLLM picks when ``--block-size`` is not given, and why."""
+    mla = any(layer.kind is LayerKind.MLA for layer in arch.layers)
+    if gpu.platform == "cpu":
+        if mla:
+            return 16, "default (CPU MLA backend requires 16)"
+        return 128, "default (CPU backend: 128)"
+    if mla:
+        if gpu.family == "blackwell" and release.version >= (0, 10, 0):
+            return 128, "default (CUTLASS MLA backend on Blackwell)"
+        if gpu.family == "hopper" and (0, 7, 0) <= release.version < (0, 18, 0):
+            return 64, "default (FlashMLA backend on Hopper)"
+        return 16, "default (MLA backend; 16 from 0.18 on Hopper, backend-dependent)"
+    return 16, "default"
+
+
+def _validate(req: PlanRequest) -> None:
+    arch = req.arch
+    tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
+    if tp < 1:
+        raise InputError("--tensor-parallel-size", "", tp, "must be at least 1")
+    if pp < 1:
+        raise InputError("--pipeline-parallel-size", "", pp, "must be at least 1")
+    heads = arch.num_attention_heads
+    if heads is not None and heads % tp:
+        raise InputError(
+            "--tensor-parallel-size",
+            "",
+            tp,
+            f"must divide the model's {heads} attention heads ({arch.origin}: "
+            "num_attention_heads); vLLM refuses to start otherwise",
+        )
+    u = req.gpu_memory_utilization
+    if u is not None and not 0 < u <= 1:
+        raise InputError("--gpu-memory-utilization", "", u, "must be in (0, 1]")
+    for flag, value in (
+        ("--block-size", req.block_size),
+        ("--max-model-len", req.max_model_len),
+        ("--max-num-seqs", req.max_num_seqs),
+        ("--max-num-batched-tokens", req.max_num_batched_tokens),
+        ("--num-gpu-blocks-override", req.num_gpu_blocks_override),
+        ("--kv-cache-memory-bytes", req.kv_cache_memory_bytes),
+    ):
+        if value is not None and value <= 0:
+            raise InputError(flag, "", value, "must be greater than 0")
+
+
+def plan(req: PlanRequest) -> Plan:
+    """Size a deployment as vLLM would at start-up."""
+    _validate(req)
+    arch, rel, gpu = req.arch, req.release, req.gpu
+    tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
+    sources: dict[str, str] = {}
+    notes: list[str] = list(arch.notes)
+    if not rel.known:
+        notes.append(f"vLLM {rel.label} is outside the releases read (0.6-0.33): nearest rules")
+
+    utilization = req.gpu_memory_utilization or rel.default_gpu_memory_utilization
+    sources["utilization"] = "flag" if req.gpu_memory_utilization else f"default ({rel.label})"
+
+    max_len = req.max_model_len or arch.max_model_len
+    if max_len is None:
+        raise InputError(
+            arch.origin, "max_position_embeddings", None, "is not set; pass --max-model-len"
+        )
+    sources["max_model_len"] = "flag" if req.max_model_len else "config"
+    if arch.max_model_len and max_len > arch.max_model_len:
+        notes.append(
+            f"--max-model-len {max_len} exceeds the config's {arch.max_model_len}: vLLM refuses "
+            "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+
+    mnbt_default, seqs_default = default_batched_tokens(gpu, rel, max_len)
+    mnbt = req.max_num_batched_tokens or mnbt_default
+    max_seqs = req.max_num_seqs or seqs_default
+    sources["max_num_batched_tokens"] = "flag" if req.max_num_batched_tokens else "default"
+    sources["max_num_seqs"] = "flag" if req.max_num_seqs else "default"
+    in_flight = mnbt * rel.in_flight_batches(pp, req.async_scheduling)
+
+    if req.block_size is not None:
+        block_size, sources["block_size"] = req.block_size, "flag"
+    else:
+        block_size, sources["block_size"] = default_block_size(arch, gpu, rel)
+
+    kv_bytes = kv_dtype_bytes(req.kv_cache_dtype, arch.dtype, arch)
+    layout, block_size = build_layout(
+        arch,
+        release=rel,
+        block_size=block_size,
+        tp=tp,
+        pp=pp,
+        dtype_bytes=kv_bytes,
+        hybrid_manager=req.hybrid_kv_cache_manager,
+    )
+    if block_size != (req.block_size or block_size):
+        sources["block_size"] = "raised to cover the Mamba state page"
+
+    stages = _stage_memory(req, utilization, mnbt, max_seqs, sources)
+    available = _stage_available(req, stages, sources)
+
+    check_avail = list(available)
+    if req.num_gpu_blocks_override is not None and rel.version >= (0, 32, 0):
+        # 0.32 checks the overridden pool, not the profiled memory.
+        check_avail = [
+            req.num_gpu_blocks_override * layout.stage_bytes_per_block(s) for s in range(pp)
+        ]
+    failure = None
+    for s in range(pp):
+        failure = startup_check(
+            layout,
+            s,
+            check_avail[s],
+            release=rel,
+            max_model_len=max_len,
+            in_flight_tokens=in_flight,
+        )
+        if failure is not None:
+            break
+
+    cap = capacity(
+        layout,
+        available,
+        release=rel,
+        max_model_len=max_len,
+        in_flight_tokens=in_flight,
+        num_gpu_blocks_override=req.num_gpu_blocks_override,
+    )
+    sources["num_blocks"] = (
+        "flag (--num-gpu-blocks-override)" if req.num_gpu_blocks_override else "computed"
+    )
+    held = layout.stage_layers[cap.tightest_stage]
+    per_token = sum(arch.layers[i].bytes_per_token(tp, kv_bytes) for i in held)
+    contexts = req.contexts or (Context("max_model_len", max_len),)
+    sequences = tuple(
+        (c, sequences_that_fit(layout, cap.num_blocks, c.tokens, in_flight)) for c in contexts
+    )
+    return Plan(
+        request=req,
+        utilization=utilization,
+        block_size=block_size,
+        max_model_len=max_len,
+        max_num_seqs=max_seqs,
+        max_num_batched_tokens=mnbt,
+        in_flight_tokens=in_flight,
+        kv_dtype_bytes=kv_bytes,
+        kv_bytes_per_token=per_token,
+        layout=layout,
+        stages=stages,
+        stage_available=tuple(available),
+        cap=cap,
+        sequences=sequences,
+        startup_failure=failure,
+        sources=sources,
+        notes=tuple(notes),
+    )
+
+
+def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
+    if req.weights_bytes is not None:
+        sources["weights"] = req.weights_source
+        return req.weights_bytes
+    estimate = estimate_weights_bytes(req.arch, req.arch.dtype, req.quantization)
+    if estimate is not None:
+        sources["weights"] = "estimate (config parameters × dtype/quantization)"
+    return estimate
+
+
+def _stage_memory(
+    req: PlanRequest,
+    utilization: float,
+    mnbt: int,
+    max_seqs: int,
+    sources: dict[str, str],
+) -> tuple[StageMemory, ...]:
+    """The modelled budget of each PP stage (all TP ranks of a stage are alike)."""
+    arch, rel = req.arch, req.release
+    tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
+    total_weights = _weights_total(req, sources)
+    if req.gpu.platform == "cpu":
+        # The CPU backend takes its KV size as given; nothing is profiled or subtracted.
+        sources.update(activation="n/a on CPU", non_torch="n/a on CPU", cuda_graph="n/a on CPU")
+        return tuple(StageMemory(0, 0, 0, 0, 0) for _ in range(pp))
+    requested = requested_memory(req.gpu.total_bytes, utilization, rel)
+    weights = (
+        stage_weight_bytes(
+            arch, total_weights, tp=tp, pp=pp, dtype=arch.dtype, quantization=req.quantization
+        )
+        if total_weights is not None
+        else (0,) * pp
+    )
+    dtype_bytes = 4 if arch.dtype == "float32" else 2
+    width = arch.intermediate_size or 0
+    if arch.moe is not None:
+        width = max(width, arch.moe.expert_intermediate_size * arch.moe.experts_per_token)
+    peaks = activation_peaks(
+        ActivationInputs(
+            max_num_batched_tokens=mnbt,
+            max_num_seqs=max_seqs,
+            intermediate_size=width,
+            hidden_size=arch.hidden_size or 0,
+            vocab_size=arch.vocab_size or 0,
+            dtype_bytes=dtype_bytes,
+            tp=tp,
+            pp=pp,
+        ),
+        rel,
+    )
+    if not arch.vocab_size or not width:
+        sources["activation"] = "unknown (config lacks vocab_size/intermediate_size): 0"
+    else:
+        sources["activation"] = "estimate (profile-run model)"
+    non_torch = non_torch_bytes(rel, tp, pp)
+    graphs = cuda_graph_bytes(rel, req.enforce_eager)
+    sources["non_torch"] = "estimate (by release and parallelism)"
+    sources["cuda_graph"] = (
+        "estimate (subtracted from 0.20)"
+        if graphs
+        else ("0: --enforce-eager" if req.enforce_eager else f"0: not subtracted in {rel.label}")
+    )
+    return tuple(StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp))
+
+
+def _stage_available(
+    req: PlanRequest, stages: Sequence[StageMemory], sources: dict[str, str]
+) -> list[int]:
+    """KV bytes per stage: --kv-cache-memory-bytes, the printed figure, or the model."""
+    if req.kv_cache_memory_bytes is not None:
+        sources["kv_budget"] = "flag (--kv-cache-memory-bytes; ignores utilization)"
+        return [req.kv_cache_memory_bytes] * len(stages)
+    if req.gpu.platform == "cpu":
+        raise InputError(
+            "--kv-cache-memory-bytes",
+            "",
+            None,
+            "is required with --gpu cpu: vLLM's CPU backend sizes its cache from "
+            "VLLM_CPU_KVCACHE_SPACE (GiB), not from a memory profile",
+        )
+    if req.available_kv_bytes is not None:
+        # vLLM prints the first stage's figure; later stages differ by their non-KV memory.
+        base = stages[0].non_kv
+        sources["kv_budget"] = "given (--available-kv-bytes, first stage)" + (
+            "; other stages by their modelled non-KV difference" if len(stages) > 1 else ""
+        )
+        return [req.available_kv_bytes - (s.non_kv - base) for s in stages]
+    if "weights" not in sources:
+        raise InputError(
+            req.arch.origin,
+            "",
+            None,
+            "the weight size is unknown (the config lacks vocab_size/intermediate_size): pass "
+            "--weights-bytes, a model dir with weights, or --available-kv-bytes",
+        )
+    sources["kv_budget"] = "estimate (ceiling − weights − activation − non-torch − graphs)"
+    return [s.available for s in stages]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    label: str
+    plan: Plan | None  # None when the change is not possible for this model
+    reason: str = ""
+
+
+def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
+    """The next questions a capacity planner asks, each answered with a full re-plan.
+
+    When the base was anchored to a printed budget, each alternative keeps the same offset
+    between the printed and the modelled budget.
+    """
+    req = base.request
+    out: list[WhatIf] = []
+    anchored = req.available_kv_bytes is not None
+
+    def rerun(label: str, **changes: object) -> None:
+        new = replace(req, **changes)  # type: ignore[arg-type]
+        try:
+            if anchored:
+                modelled = plan(replace(req, available_kv_bytes=None))
+                offset = base.stage_available[0] - modelled.stage_available[0]
+                alt = plan(replace(new, available_kv_bytes=None))
+                new = replace(new, available_kv_bytes=alt.stage_available[0] + offset)
+            out.append(WhatIf(label, plan(new)))
+        except InputError as e:
+            out.append(WhatIf(label, None, e.problem))
+
+    if base.kv_dtype_bytes > 1:
+        rerun("FP8 KV cache (--kv-cache-dtype fp8)", kv_cache_dtype="fp8")
+    if req.kv_cache_memory_bytes is None and req.gpu.platform != "cpu":
+        for delta in (+0.05, -0.05):
+            u = round(base.utilization + delta, 4)
+            if 0 < u <= 1:
+                rerun(f"--gpu-memory-utilization {u:g}", gpu_memory_utilization=u)
+    tp2 = req.tensor_parallel_size * 2
+    heads = req.arch.num_attention_heads
+    if heads is None or heads % tp2 == 0:
+        rerun(f"--tensor-parallel-size {tp2}", tensor_parallel_size=tp2)
+    else:
+        out.append(WhatIf(f"--tensor-parallel-size {tp2}", None, f"{heads} heads do not split"))
+    shorter = base.max_model_len // 2
+    if shorter >= base.block_size:
+        rerun(f"--max-model-len {shorter}", max_model_len=shorter)
+    return tuple(out)
+
+
+def gib(n: float) -> float:
+    return n / GIB

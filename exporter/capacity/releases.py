@@ -1,0 +1,143 @@
+"""What changed in vLLM's KV sizing from release to release.
+
+Every version-dependent rule the capacity engine applies lives here, with the release it
+changed in, so that a question like "which token formula does 0.19 print?" has one answer.
+Sources: ``../shared/reference/vllm-kv-sizing.md`` (vLLM's own code read across 0.6-0.33).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from exporter.errors import InputError
+
+Version = tuple[int, int, int]
+
+OLDEST_KNOWN: Version = (0, 6, 0)
+NEWEST_KNOWN: Version = (0, 33, 0)
+DEFAULT_VERSION = "0.32.0"
+
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-]?(?:post|rc|dev|a|b)?\d*.*)?$")
+
+
+def parse_version(text: str, where: str = "--vllm-version") -> Version:
+    """``"0.19.0"``, ``"v0.10.1.1"``, ``"0.11.0rc1"`` → ``(0, 19, 0)``."""
+    m = _VERSION_RE.match(text.strip())
+    if not m:
+        raise InputError(where, "", text, "not a vLLM release; write it like 0.19.0")
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+
+def format_version(v: Version) -> str:
+    return f"{v[0]}.{v[1]}.{v[2]}"
+
+
+class TokenLine(StrEnum):
+    """How the "KV cache size: N tokens" figure is derived."""
+
+    BLOCKS_TIMES_SIZE = "num_blocks * block_size"  # V0, V1 0.7-0.8
+    PER_GROUP = "num_blocks // num_groups * block_size"  # 0.9-0.20
+    CONCURRENCY_TIMES_LEN = "int(max_concurrency * max_model_len)"  # 0.21+
+
+
+class ConcurrencyLine(StrEnum):
+    """How "Maximum concurrency for L tokens per request: X×" is derived."""
+
+    TOKENS_OVER_LEN = "num_blocks * block_size / max_model_len"  # V0, V1 0.7-0.8
+    BLOCKS_OVER_REQUEST = "num_blocks / blocks_per_request"  # 0.9+
+
+
+@dataclass(frozen=True)
+class Release:
+    """The sizing rules of one vLLM release."""
+
+    version: Version
+
+    @property
+    def known(self) -> bool:
+        return OLDEST_KNOWN <= self.version <= NEWEST_KNOWN
+
+    @property
+    def label(self) -> str:
+        return format_version(self.version)
+
+    @property
+    def default_gpu_memory_utilization(self) -> float:
+        # vllm/config/cache.py: 0.9 until 0.19, 0.92 from 0.20.
+        return 0.92 if self.version >= (0, 20, 0) else 0.9
+
+    @property
+    def ceil_requested_memory(self) -> bool:
+        # vllm/v1/worker/utils.py::request_memory (0.14+) rounds the budget up.
+        return self.version >= (0, 14, 0)
+
+    @property
+    def subtracts_cudagraph_estimate(self) -> bool:
+        # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20.0.
+        return self.version >= (0, 20, 0)
+
+    @property
+    def hybrid_kv_cache_manager(self) -> bool:
+        """Sliding/chunked layers get their own groups (before: every layer sized as full)."""
+        return self.version >= (0, 10, 0)
+
+    @property
+    def hybrid_group_ratio(self) -> float | None:
+        """``max_num_layers < ratio * min_num_layers`` selects the larger group size.
+
+        Not present in 0.11 and before (``None``: always the smallest type's count);
+        1.25 in 0.12-0.16; 1.5 from 0.18. 0.17 is taken as 1.5 (not read).
+        """
+        if self.version < (0, 12, 0):
+            return None
+        if self.version < (0, 17, 0):
+            return 1.25
+        return 1.5
+
+    @property
+    def token_line(self) -> TokenLine:
+        if self.version >= (0, 21, 0):
+            return TokenLine.CONCURRENCY_TIMES_LEN
+        if self.version >= (0, 9, 0):
+            return TokenLine.PER_GROUP
+        return TokenLine.BLOCKS_TIMES_SIZE
+
+    @property
+    def concurrency_line(self) -> ConcurrencyLine:
+        if self.version >= (0, 9, 0):
+            return ConcurrencyLine.BLOCKS_OVER_REQUEST
+        return ConcurrencyLine.TOKENS_OVER_LEN
+
+    @property
+    def v1(self) -> bool:
+        # V1 became the default engine in 0.8.0.
+        return self.version >= (0, 8, 0)
+
+    def in_flight_batches(self, pipeline_parallel_size: int, async_scheduling: bool) -> int:
+        """``max_concurrent_batches``: how many batches of tokens a window must cover.
+
+        Up to 0.24 a sliding window reserves ``W - 1 + max_num_batched_tokens``; from 0.28 it
+        is ``max_in_flight_tokens`` = batches × max_num_batched_tokens (2 with async scheduling
+        at pp=1, pp otherwise). 0.25-0.27 were not read and keep the older rule.
+        """
+        if self.version < (0, 28, 0):
+            return 1
+        if pipeline_parallel_size > 1:
+            return pipeline_parallel_size
+        return 2 if async_scheduling else 1
+
+    @property
+    def activation_era(self) -> str:
+        """Which calibration of the profile-run activation peak applies (see memory.py)."""
+        return "v1-0.17" if self.version >= (0, 17, 0) else "v1-early"
+
+    @property
+    def non_torch_base_gib(self) -> float:
+        # llm-d sweeps: 0.13 GiB on 0.15-0.17, 0.24-0.25 GiB on 0.18-0.19 (single GPU).
+        return 0.25 if self.version >= (0, 18, 0) else 0.13
+
+
+def release(text: str, where: str = "--vllm-version") -> Release:
+    return Release(parse_version(text, where))

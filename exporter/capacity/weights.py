@@ -1,0 +1,163 @@
+"""Weight memory: how many bytes of the checkpoint each GPU loads.
+
+vLLM shards every linear layer and the (vocab-parallel) embedding and LM head over TP,
+and gives each PP stage its own layers, the embedding to the first stage and the final
+norm and LM head to the last. When the checkpoint size is known (``--weights-bytes``, the
+safetensors index, the weight files) it is split in those proportions; otherwise the size
+is estimated from the config's parameter count and the quantization. Weight quantization
+changes these bytes only: it never changes the KV bytes per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch
+from exporter.capacity.kvcache import pp_partition
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    attention: int  # q, k, v, o projections (or MLA's low-rank factors)
+    mlp: int  # dense MLP or all experts + shared experts + router
+    norms: int
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters by place, so a checkpoint can be split as vLLM loads it."""
+
+    embed: int
+    lm_head: int
+    layers: tuple[LayerParams, ...]
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        body = sum(p.attention + p.mlp + p.norms for p in self.layers)
+        return self.embed + self.lm_head + body + self.final_norm
+
+
+def count_params(arch: ModelArch) -> ParamCount | None:
+    """The parameter count from the config, or None if the config lacks the sizes.
+
+    Needs hidden_size, intermediate_size (or MoE sizes), vocab_size and the head counts;
+    catalogue entries derived from logs often lack them.
+    """
+    h, vocab, heads = arch.hidden_size, arch.vocab_size, arch.num_attention_heads
+    if not h or not vocab or not heads:
+        return None
+    if arch.moe is None and not arch.intermediate_size:
+        return None
+    layers = []
+    for i, layer in enumerate(arch.layers):
+        layers.append(
+            LayerParams(_attention_params(arch, layer, h, heads), _mlp_params(arch, i, h), 2 * h)
+        )
+    embed = vocab * h
+    return ParamCount(embed, 0 if arch.tie_word_embeddings else embed, tuple(layers), h)
+
+
+def _attention_params(arch: ModelArch, layer: LayerKV, h: int, heads: int) -> int:
+    if layer.kind is LayerKind.MAMBA:
+        # In-projection, out-projection and the small conv/ssm parameters of a Mamba mixer,
+        # at the usual expand of 2: about 6·h² (its state is counted in the KV pool).
+        return 6 * h * h
+    mla = arch.mla
+    if mla is not None:
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        q = (
+            h * mla.q_lora_rank + mla.q_lora_rank * heads * qk
+            if mla.q_lora_rank
+            else h * heads * qk
+        )
+        kv_a = h * (mla.kv_lora_rank + mla.qk_rope_head_dim)
+        kv_b = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        return q + kv_a + kv_b + heads * mla.v_head_dim * h
+    hd = layer.head_size
+    return h * heads * hd + 2 * h * layer.num_kv_heads * hd + heads * hd * h
+
+
+def _mlp_params(arch: ModelArch, index: int, h: int) -> int:
+    moe = arch.moe
+    dense = 3 * h * (arch.intermediate_size or 0)  # gate, up and down projections
+    if moe is None or index < moe.dense_layers:
+        return dense
+    experts = moe.num_experts * 3 * h * moe.expert_intermediate_size
+    return experts + 3 * h * moe.shared_intermediate_size + h * moe.num_experts
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Loaded bytes by place (embedding and norms at the model dtype, linears quantized)."""
+
+    embed: int
+    lm_head: int
+    layers: tuple[int, ...]
+    final_norm: int
+
+    @property
+    def total(self) -> int:
+        return self.embed + self.lm_head + sum(self.layers) + self.final_norm
+
+
+def weight_bytes(
+    arch: ModelArch, params: ParamCount, dtype: str, quantization: str | None
+) -> WeightBytes:
+    """Bytes per place. ``quantization`` is vLLM's ``--quantization`` (online, e.g. fp8);
+    without it the config's ``quantization_config`` decides."""
+    dt = DTYPE_BYTES[dtype]
+    bits = float(dt * 8)
+    q = arch.quantization
+    if quantization in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
+        bits = 8.0
+    elif q is not None and q.weight_bits < bits:
+        bits = q.weight_bits
+    attention_bits = dt * 8 if q is not None and q.experts_only else bits
+    layers = tuple(
+        int(p.attention * attention_bits / 8 + p.mlp * bits / 8) + p.norms * dt
+        for p in params.layers
+    )
+    return WeightBytes(params.embed * dt, params.lm_head * dt, layers, params.final_norm * dt)
+
+
+def estimate_weights_bytes(arch: ModelArch, dtype: str, quantization: str | None) -> int | None:
+    """The whole checkpoint as vLLM loads it, from the config; None when sizes are missing."""
+    params = count_params(arch)
+    if params is None:
+        return None
+    return weight_bytes(arch, params, dtype, quantization).total
+
+
+def stage_weight_bytes(
+    arch: ModelArch,
+    total_bytes: int,
+    *,
+    tp: int,
+    pp: int,
+    dtype: str,
+    quantization: str | None,
+) -> tuple[int, ...]:
+    """Bytes each GPU of each PP stage loads: ``total_bytes`` split as vLLM places it.
+
+    With PP and tied embeddings the last stage holds its own copy of the embedding as the
+    LM head, so the stages together load more than the checkpoint. Without a parameter
+    breakdown the split is by layer count alone.
+    """
+    stages = pp_partition(arch.num_layers, pp)
+    params = count_params(arch)
+    if params is None:
+        return tuple(total_bytes * len(r) // (arch.num_layers * tp) for r in stages)
+    wb = weight_bytes(arch, params, dtype, quantization)
+    scale = total_bytes / wb.total
+    if pp == 1:
+        return (total_bytes // tp,)
+    out = []
+    for s, held in enumerate(stages):
+        share = sum(wb.layers[i] for i in held)
+        if s == 0:
+            share += wb.embed
+        if s == pp - 1:
+            share += wb.final_norm + (wb.lm_head or wb.embed)
+        out.append(int(share * scale) // tp)
+    return tuple(out)

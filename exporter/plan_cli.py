@@ -1,0 +1,317 @@
+"""``kv-headroom plan``: vLLM's KV sizing before a deploy, as a table or one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
+from exporter.capacity.gpus import lookup_gpu, parse_bytes
+from exporter.capacity.kvcache import KV_CACHE_DTYPES
+from exporter.capacity.plan import Context, Plan, PlanRequest, WhatIf, plan, what_ifs
+from exporter.capacity.releases import DEFAULT_VERSION, release
+from exporter.errors import InputError
+from exporter.sources.model_dir import load_catalogue, load_model
+
+EXIT_OK, EXIT_WONT_START, EXIT_BAD_INPUT = 0, 1, 2
+
+_QUANTILE_RE = re.compile(r"^(p\d{1,2}(?:\.\d+)?|mean|max)=(\d+)$")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="size vLLM's KV cache for a model, GPU and flags, before a deploy",
+        description=(
+            "Size vLLM's KV cache as vLLM would at start-up: GPU memory → budget → blocks → "
+            "tokens → sequences. Flags are spelled as vLLM spells them. Exit status: 0, "
+            "1 when vLLM would refuse to start with these flags, 2 on bad input."
+        ),
+    )
+    p.add_argument("--model", help="config.json, a model dir, or a catalogue name")
+    p.add_argument("--gpu", default="H100-80GB", help="catalogue name, 'cpu', or memory (79.19GiB)")
+    p.add_argument("--vllm-version", default=DEFAULT_VERSION, help="release whose rules apply")
+    p.add_argument("--gpu-memory-utilization", type=float)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    p.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16, float16, float32")
+    p.add_argument("--quantization", "-q", help="online weight quantization (e.g. fp8)")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-model-len", type=_tokens)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-num-batched-tokens", type=_tokens)
+    p.add_argument("--kv-cache-memory-bytes", type=_size("--kv-cache-memory-bytes"))
+    p.add_argument("--num-gpu-blocks-override", type=int)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true")
+    p.add_argument(
+        "--weights-bytes",
+        type=_size("--weights-bytes"),
+        help="the whole checkpoint (split over TP × PP as vLLM loads it)",
+    )
+    p.add_argument(
+        "--available-kv-bytes",
+        type=_size("--available-kv-bytes"),
+        help="vLLM's printed 'Available KV cache memory' (per GPU, first stage), e.g. 58.11GiB",
+    )
+    p.add_argument(
+        "--context",
+        action="append",
+        default=[],
+        help="tokens per sequence: 2000, 2000,8000, or a distribution p50=1200,p95=4000",
+    )
+    p.add_argument("--output", choices=("table", "json"), default="table")
+    p.add_argument("--no-what-if", action="store_true", help="skip the alternatives")
+    p.add_argument("--list-models", action="store_true", help="list the catalogue and exit")
+    p.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue and exit")
+    p.set_defaults(func=run)
+
+
+def _tokens(text: str) -> int:
+    """``8192``, ``8k`` or ``128K`` (vLLM accepts the suffixes too)."""
+    m = re.fullmatch(r"(\d+)([kK]?)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count")
+    return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def _size(flag: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text, flag)
+        except InputError as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+
+    return parse
+
+
+def parse_contexts(values: Sequence[str]) -> tuple[Context, ...]:
+    out: list[Context] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            m = _QUANTILE_RE.match(part)
+            if m:
+                out.append(Context(m.group(1), int(m.group(2))))
+            elif part.isdigit() and int(part) > 0:
+                out.append(Context(part, int(part)))
+            else:
+                raise InputError(
+                    "--context", "", part, "write tokens (2000) or quantiles (p50=1200,p95=4000)"
+                )
+    return tuple(out)
+
+
+def build_request(args: argparse.Namespace) -> PlanRequest:
+    if not args.model:
+        raise InputError("--model", "", None, "is required (a config.json, model dir or name)")
+    source = load_model(args.model)
+    arch = parse_config(source.config, source.config_path, dtype=args.dtype, name=source.name)
+    weights, weights_source = args.weights_bytes, "flag (--weights-bytes)"
+    if weights is None and source.weights_bytes is not None:
+        weights, weights_source = source.weights_bytes, source.weights_source
+    return PlanRequest(
+        arch=arch,
+        model_name=source.name,
+        gpu=lookup_gpu(args.gpu),
+        release=release(args.vllm_version),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        enforce_eager=args.enforce_eager,
+        quantization=args.quantization,
+        weights_bytes=weights,
+        weights_source=weights_source,
+        available_kv_bytes=args.available_kv_bytes,
+        contexts=parse_contexts(args.context),
+        async_scheduling=args.async_scheduling,
+        hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_models:
+        for model in load_catalogue():
+            print(model.name)
+        return EXIT_OK
+    if args.list_gpus:
+        for gpu in GPU_CATALOGUE:
+            print(f"{gpu.name:<16} {gpu.total_bytes / 2**30:8.2f} GiB  {gpu.source}")
+        return EXIT_OK
+    result = plan(build_request(args))
+    alternatives = () if args.no_what_if else what_ifs(result)
+    if args.output == "json":
+        print(json.dumps(plan_json(result, alternatives), indent=2))
+    else:
+        print(render_table(result, alternatives))
+    return EXIT_WONT_START if result.startup_failure else EXIT_OK
+
+
+def _summary(p: Plan) -> dict[str, Any]:
+    return {
+        "kv_budget_bytes": p.kv_budget_bytes,
+        "num_blocks": p.cap.num_blocks,
+        "kv_capacity_tokens": p.cap.capacity_tokens,
+        "max_concurrency": round(p.cap.max_concurrency, 4),
+        "max_sequences": {c.label: n for c, n in p.sequences},
+    }
+
+
+def plan_json(p: Plan, alternatives: Sequence[WhatIf] = ()) -> dict[str, Any]:
+    req, t = p.request, p.tightest
+    failure = p.startup_failure
+    return {
+        "model": req.model_name,
+        "gpu": req.gpu.name,
+        "vllm_version": req.release.label,
+        "attention_kind": req.arch.attention_kind.value,
+        "dtype": req.arch.dtype,
+        "kv_cache_dtype": req.kv_cache_dtype,
+        "tensor_parallel_size": req.tensor_parallel_size,
+        "pipeline_parallel_size": req.pipeline_parallel_size,
+        "gpu_memory_utilization": p.utilization,
+        "max_model_len": p.max_model_len,
+        "max_num_seqs": p.max_num_seqs,
+        "max_num_batched_tokens": p.max_num_batched_tokens,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "block_size": p.block_size,
+        "bytes_per_block": p.layout.stage_bytes_per_block(p.cap.tightest_stage),
+        "kv_cache_groups": p.layout.num_groups,
+        "padding_layers": p.layout.padding_layers,
+        "computed_num_blocks": p.cap.computed_blocks,
+        "blocks_per_request": p.cap.blocks_per_request,
+        "pool_tokens": p.cap.pool_tokens,
+        **_summary(p),
+        "contexts": {c.label: c.tokens for c, _ in p.sequences},
+        "tightest_stage": p.cap.tightest_stage,
+        "stage_kv_budget_bytes": list(p.stage_available),
+        "memory": {
+            "gpu_total_bytes": req.gpu.total_bytes,
+            "ceiling_bytes": t.requested,
+            "weights_bytes": t.weights,
+            "activation_bytes": t.activation,
+            "non_torch_bytes": t.non_torch,
+            "cuda_graph_bytes": t.cuda_graph,
+        },
+        "sources": p.sources,
+        "approximate": list(req.arch.approximate),
+        "notes": list(p.notes),
+        "startup_error": None
+        if failure is None
+        else {
+            "message": failure.message,
+            "needed_bytes": failure.needed_bytes,
+            "available_bytes": failure.available_bytes,
+            "estimated_max_model_len": failure.estimated_max_model_len,
+        },
+        "what_if": [
+            {"change": w.label, **(_summary(w.plan) if w.plan else {"not_possible": w.reason})}
+            for w in alternatives
+        ],
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
+    req, t, arch, src = p.request, p.tightest, p.request.arch, p.sources
+    tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
+    kv_name = {1: "fp8", 2: "16-bit", 4: "fp32"}[p.kv_dtype_bytes]
+    lines = [
+        f"{req.model_name} on {req.gpu.name} · vLLM {req.release.label} · "
+        f"{arch.attention_kind.value}, {arch.num_layers} layers, TP{tp} PP{pp}, "
+        f"{arch.dtype} weights, {kv_name} KV",
+        "",
+    ]
+    rows: list[tuple[str, str, str]] = []
+    given_budget = src["kv_budget"].startswith(("flag", "given"))
+    if req.gpu.platform != "cpu":
+        rows += [
+            ("GPU memory (CUDA total)", _gib(req.gpu.total_bytes), req.gpu.source),
+            (f"× gpu-memory-utilization {p.utilization:g}", _gib(t.requested), src["utilization"]),
+            ("− weights (this GPU)", _gib(t.weights), src.get("weights", "unknown")),
+            ("− activation peak", _gib(t.activation), src["activation"]),
+            ("− non-torch", _gib(t.non_torch), src["non_torch"]),
+            ("− CUDA graphs", _gib(t.cuda_graph), src["cuda_graph"]),
+        ]
+        if given_budget:
+            rows.append(("  (modelled KV budget)", _gib(t.available), "for comparison"))
+    stage = f" (stage {p.cap.tightest_stage}, tightest)" if pp > 1 else ""
+    rows.append((f"= KV budget per GPU{stage}", _gib(p.kv_budget_bytes), src["kv_budget"]))
+    heads = {layer.num_kv_heads for layer in arch.attention_layers}
+    rows.append(
+        (
+            "÷ KV bytes per token",
+            f"{p.kv_bytes_per_token:,} B",
+            f"config: {arch.num_layers} layers, {'/'.join(map(str, sorted(heads)))} KV heads "
+            f"÷ TP{tp}, {p.kv_dtype_bytes} B each",
+        )
+    )
+    per_block = p.layout.stage_bytes_per_block(p.cap.tightest_stage)
+    rows.append(
+        (
+            "÷ bytes per block",
+            f"{per_block:,} B",
+            f"{p.block_size} tokens ({src['block_size']}), {p.layout.num_groups} group(s)",
+        )
+    )
+    rows.append(("= blocks", f"{p.cap.num_blocks:,}", src["num_blocks"]))
+    rows.append(
+        (
+            "= KV cache size",
+            f"{p.cap.capacity_tokens:,} tokens",
+            f"as vLLM {req.release.label} prints it ({p.cap.token_line.value})",
+        )
+    )
+    rows.append(
+        (
+            f"max concurrency @ {p.max_model_len:,}",
+            f"{p.cap.max_concurrency:.2f}x",
+            f"{p.cap.blocks_per_request} blocks per request",
+        )
+    )
+    for c, n in p.sequences:
+        label = c.label if not c.label.isdigit() else f"{c.tokens:,} tokens"
+        rows.append((f"sequences that fit @ {label}", f"{n:,}", f"{c.tokens:,} tokens each"))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
+    if p.startup_failure:
+        lines += ["", f"vLLM would refuse to start: {p.startup_failure.message}"]
+    for reason in arch.approximate:
+        lines.append(f"approximate: {reason}")
+    for note in p.notes:
+        lines.append(f"note: {note}")
+    if alternatives:
+        lines += ["", "What if"]
+        first = p.sequences[0][0]
+        for w in alternatives:
+            if w.plan is None:
+                lines.append(f"  {w.label:<40} not possible: {w.reason}")
+                continue
+            q = w.plan
+            seqs = {c.label: n for c, n in q.sequences}[first.label]
+            base = p.cap.num_blocks or 1
+            change = (q.cap.num_blocks - p.cap.num_blocks) / base * 100
+            lines.append(
+                f"  {w.label:<40} {q.cap.num_blocks:>10,} blocks ({change:+.0f}%)  "
+                f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>6,} seqs @ {first.label}"
+            )
+    return "\n".join(lines)
