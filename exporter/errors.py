@@ -7,7 +7,8 @@ class InputError(Exception):
     """Bad input a user can fix: a file, a key in it, the value found there, and what to do.
 
     ``where`` is a file path, ``--flag`` or ``catalogue:NAME``; ``key`` is a dotted path
-    inside it (``text_config.num_hidden_layers``) or empty when the whole input is wrong.
+    inside it (``text_config.num_hidden_layers``) or empty when the whole input is wrong;
+    ``value`` is None when the key is absent (a JSON null counts as absent too).
     """
 
     def __init__(self, where: str, key: str, value: object, problem: str) -> None:
@@ -19,15 +20,5 @@ class InputError(Exception):
 
     def __str__(self) -> str:
         place = f"{self.where}: {self.key}" if self.key else self.where
-        shown = "" if self.value is _MISSING else f" = {self.value!r}"
+        shown = "" if self.value is None else f" = {self.value!r}"
         return f"{place}{shown}: {self.problem}"
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING = _Missing()
-MISSING: object = _MISSING
-"""Pass as ``value`` when the key is absent, so the message does not print a value."""

@@ -304,14 +304,15 @@ def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
         first = p.sequences[0][0]
         for w in alternatives:
             if w.plan is None:
-                lines.append(f"  {w.label:<40} not possible: {w.reason}")
+                lines.append(f"  {w.label:<38} not possible: {w.reason}")
                 continue
             q = w.plan
             seqs = {c.label: n for c, n in q.sequences}[first.label]
             base = p.cap.num_blocks or 1
             change = (q.cap.num_blocks - p.cap.num_blocks) / base * 100
+            pct = f"({change:+.0f}%)"
             lines.append(
-                f"  {w.label:<40} {q.cap.num_blocks:>10,} blocks ({change:+.0f}%)  "
-                f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>6,} seqs @ {first.label}"
+                f"  {w.label:<38} {q.cap.num_blocks:>10,} blocks {pct:>7}  "
+                f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>7,} seqs @ {first.label}"
             )
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from exporter.errors import MISSING, InputError
+from exporter.errors import InputError
 
 
 class LayerKind(StrEnum):
@@ -193,7 +193,7 @@ class _Reader:
             return int(value)
         if required:
             names = " or ".join(self.path(k) for k in keys)
-            raise InputError(self.origin, names, MISSING, "is required to size the KV cache")
+            raise InputError(self.origin, names, None, "is required to size the KV cache")
         return None
 
     def bool_(self, key: str, default: bool) -> bool:
@@ -347,7 +347,7 @@ def parse_config(
 
     mla = _mla_dims(r, model_type, architectures)
     head_size = _head_size(r, num_heads, hidden)
-    kv_heads = _kv_heads(r, num_heads)
+    kv_heads = 1 if mla is not None else _kv_heads(r, num_heads)
     if num_heads is not None and kv_heads > num_heads:
         raise InputError(
             origin,
@@ -377,7 +377,7 @@ def parse_config(
                 raise InputError(
                     origin,
                     r.path("head_dim"),
-                    MISSING,
+                    None,
                     "is needed (or hidden_size and num_attention_heads to derive it)",
                 )
             layers.append(LayerKV(kind, kv_heads, head_size, head_size, window))
@@ -441,7 +441,7 @@ def _kv_heads(r: _Reader, num_heads: int | None) -> int:
     raise InputError(
         r.origin,
         r.path("num_key_value_heads"),
-        MISSING,
+        None,
         "is required (or num_attention_heads, for multi-head attention)",
     )
 
@@ -525,7 +525,7 @@ def _layer_kinds(
             "vLLM's attention block-size alignment are modelled, kernel alignment is not"
         )
     if not kinds:
-        raise InputError(r.origin, r.path("layer_types"), MISSING, "no layer keeps a KV cache")
+        raise InputError(r.origin, r.path("layer_types"), None, "no layer keeps a KV cache")
     return kinds
 
 

@@ -16,11 +16,12 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``F = 5.03 B × tokens × intermediate / TP × dtype bytes`` and
-  ``S = (12.83 B + 1.31 B × dtype bytes) × requests × vocabulary`` were calibrated on the
-  llm-d v0.19 H100 logs in ``../shared/fixtures/sizing`` (Llama-3.1-8B bf16 and fp32,
-  Qwen2.5-7B, Qwen3-14B: peaks 1.89, 2.21, 2.21, 2.23 GiB; PP stages 1.10 and 2.01 GiB).
-  Before 0.17 the sampler's peak was 2.52× larger (Qwen3-14B: 5.64 GiB on 0.15/0.16 vs
+  ``F = 4.91 B × tokens × intermediate / TP × dtype bytes`` and
+  ``S = (12.66 B + 1.35 B × dtype bytes) × requests × vocabulary`` were fitted (by
+  ``benchmarks/plan_accuracy.py``) to the profile figures of the llm-d H100 logs in
+  tests/fixtures/sizing (Llama-3.1-8B bf16 and fp32, Qwen2.5-7B, Qwen3-14B: peaks 1.89,
+  2.21, 2.21, 2.23 GiB; first PP stages 1.05-1.10 GiB, last ones 2.01 GiB).
+  Before 0.17 the sampler's peak was 2.53× larger (Qwen3-14B: 5.64 GiB on 0.15/0.16 vs
   2.23 GiB on 0.17, same flags).
 * **non-torch memory** — allocations outside PyTorch after the snapshot: 0.13 GiB (0.15-0.17)
   or 0.25 GiB (0.18+) on one GPU, 0.07 GiB per PP stage, 2.1 GiB per GPU with TP > 1
@@ -41,13 +42,25 @@ from exporter.capacity.releases import Release
 
 GIB = 1 << 30
 
-_FORWARD_BYTES_PER_TOKEN_X_WIDTH = 5.03
-_SAMPLER_BYTES_FIXED = 12.83
-_SAMPLER_BYTES_PER_DTYPE_BYTE = 1.31
-_SAMPLER_EARLY_FACTOR = 2.52
-_NON_TORCH_PP_STAGE = int(0.07 * GIB)
-_NON_TORCH_TP = int(2.1 * GIB)
-_CUDA_GRAPH_ESTIMATE = int(0.65 * GIB)
+
+@dataclass(frozen=True)
+class OverheadModel:
+    """The calibrated coefficients of the model above (bytes; see the module docstring)."""
+
+    forward_bytes: float = 4.91  # per (batched token × intermediate width / TP × dtype byte)
+    sampler_fixed_bytes: float = 12.66  # per (dummy request × vocabulary entry)
+    sampler_dtype_bytes: float = 1.35  # ... plus this per dtype byte
+    sampler_early_factor: float = 2.53  # the sampler's peak before 0.17, relative
+    non_torch_pp_stage: int = int(0.07 * GIB)
+    non_torch_tp: int = int(2.1 * GIB)
+    cuda_graph: int = int(0.65 * GIB)
+    non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
+        ((0, 18, 0), int(0.25 * GIB)),
+        ((0, 0, 0), int(0.13 * GIB)),
+    )  # (first release, bytes), newest first
+
+
+DEFAULT_OVERHEAD = OverheadModel()
 
 
 def requested_memory(total_bytes: int, utilization: float, release: Release) -> int:
@@ -68,15 +81,17 @@ class ActivationInputs:
     pp: int
 
 
-def activation_peaks(inputs: ActivationInputs, release: Release) -> tuple[int, ...]:
+def activation_peaks(
+    inputs: ActivationInputs, release: Release, model: OverheadModel = DEFAULT_OVERHEAD
+) -> tuple[int, ...]:
     """Modelled torch peak increase of the profile run, per PP stage (bytes)."""
     a = inputs
-    forward = _FORWARD_BYTES_PER_TOKEN_X_WIDTH * (
+    forward = model.forward_bytes * (
         a.max_num_batched_tokens * (a.intermediate_size / a.tp) * a.dtype_bytes
     )
-    per_entry = _SAMPLER_BYTES_FIXED + _SAMPLER_BYTES_PER_DTYPE_BYTE * a.dtype_bytes
-    if release.activation_era == "v1-early":
-        per_entry *= _SAMPLER_EARLY_FACTOR
+    per_entry = model.sampler_fixed_bytes + model.sampler_dtype_bytes * a.dtype_bytes
+    if release.version < (0, 17, 0):
+        per_entry *= model.sampler_early_factor
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     sampler = per_entry * requests * a.vocab_size
     if a.pp == 1:
@@ -85,19 +100,23 @@ def activation_peaks(inputs: ActivationInputs, release: Release) -> tuple[int, .
     return tuple([int(forward)] * (a.pp - 1) + [int(sampler + received)])
 
 
-def non_torch_bytes(release: Release, tp: int, pp: int) -> int:
+def non_torch_bytes(
+    release: Release, tp: int, pp: int, model: OverheadModel = DEFAULT_OVERHEAD
+) -> int:
     """Modelled non-torch growth after the start-up snapshot, per GPU."""
     if tp > 1:
-        return _NON_TORCH_TP
+        return model.non_torch_tp
     if pp > 1:
-        return _NON_TORCH_PP_STAGE
-    return int(release.non_torch_base_gib * GIB)
+        return model.non_torch_pp_stage
+    return next(b for since, b in model.non_torch_single_by_era if release.version >= since)
 
 
-def cuda_graph_bytes(release: Release, enforce_eager: bool) -> int:
+def cuda_graph_bytes(
+    release: Release, enforce_eager: bool, model: OverheadModel = DEFAULT_OVERHEAD
+) -> int:
     if enforce_eager or not release.subtracts_cudagraph_estimate:
         return 0
-    return _CUDA_GRAPH_ESTIMATE
+    return model.cuda_graph
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ from exporter.capacity.kvcache import (
     startup_check,
 )
 from exporter.capacity.memory import (
+    DEFAULT_OVERHEAD,
     ActivationInputs,
+    OverheadModel,
     StageMemory,
     activation_peaks,
     cuda_graph_bytes,
@@ -69,6 +71,7 @@ class PlanRequest:
     contexts: tuple[Context, ...] = ()
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
+    overhead: OverheadModel = DEFAULT_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -319,13 +322,14 @@ def _stage_memory(
             pp=pp,
         ),
         rel,
+        req.overhead,
     )
     if not arch.vocab_size or not width:
         sources["activation"] = "unknown (config lacks vocab_size/intermediate_size): 0"
     else:
         sources["activation"] = "estimate (profile-run model)"
-    non_torch = non_torch_bytes(rel, tp, pp)
-    graphs = cuda_graph_bytes(rel, req.enforce_eager)
+    non_torch = non_torch_bytes(rel, tp, pp, req.overhead)
+    graphs = cuda_graph_bytes(rel, req.enforce_eager, req.overhead)
     sources["non_torch"] = "estimate (by release and parallelism)"
     sources["cuda_graph"] = (
         "estimate (subtracted from 0.20)"

@@ -128,16 +128,6 @@ class Release:
             return pipeline_parallel_size
         return 2 if async_scheduling else 1
 
-    @property
-    def activation_era(self) -> str:
-        """Which calibration of the profile-run activation peak applies (see memory.py)."""
-        return "v1-0.17" if self.version >= (0, 17, 0) else "v1-early"
-
-    @property
-    def non_torch_base_gib(self) -> float:
-        # llm-d sweeps: 0.13 GiB on 0.15-0.17, 0.24-0.25 GiB on 0.18-0.19 (single GPU).
-        return 0.25 if self.version >= (0, 18, 0) else 0.13
-
 
 def release(text: str, where: str = "--vllm-version") -> Release:
     return Release(parse_version(text, where))

@@ -1,0 +1,178 @@
+"""The whole chain reproduces what real vLLM printed, and the figures textbooks quote."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.sizing_points import StartupPoint, load_points
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import CPU, lookup_gpu
+from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
+from exporter.capacity.releases import release
+from exporter.errors import InputError
+from tests.conftest import FIXTURES, fixture_config
+
+GIB = 1 << 30
+POINTS = load_points()
+
+
+def llama(**changes: object) -> PlanRequest:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    base = PlanRequest(
+        arch=arch,
+        model_name="Llama-3.1-8B-Instruct",
+        gpu=lookup_gpu("H100-80GB"),
+        release=release("0.19.0"),
+        gpu_memory_utilization=0.95,
+        max_model_len=8192,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def tinyllama(**changes: object) -> PlanRequest:
+    import json
+
+    cfg = json.loads((FIXTURES / "vllm" / "tinyllama.config.json").read_text())
+    base = PlanRequest(
+        arch=parse_config(cfg, "tinyllama"),
+        model_name="tinyllama",
+        gpu=CPU,
+        release=release("0.32.0"),
+        max_model_len=2048,
+        kv_cache_memory_bytes=GIB,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def within(actual: float, expected: float, rel: float) -> bool:
+    return abs(actual - expected) <= rel * abs(expected)
+
+
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"row{p.row}")
+def test_printed_kv_memory_reproduces_vllms_blocks_tokens_and_concurrency(
+    point: StartupPoint,
+) -> None:
+    result = plan(replace(point.request, available_kv_bytes=point.printed_kv_bytes))
+    assert within(result.cap.num_blocks, point.blocks, 0.001)
+    assert within(result.cap.capacity_tokens, point.tokens, 0.001)
+    assert within(result.cap.max_concurrency, point.concurrency, 0.001)
+
+
+def test_pipeline_parallel_blocks_come_from_the_tightest_stage() -> None:
+    pp2 = next(p for p in POINTS if p.pp == 2)
+    result = plan(replace(pp2.request, available_kv_bytes=pp2.printed_kv_bytes))
+    assert result.cap.tightest_stage == 1  # the last stage samples and holds the LM head
+    assert result.stage_available[1] < result.stage_available[0]
+
+
+def test_cpu_tinyllama_with_1_gib_has_8192_blocks_and_1048576_tokens() -> None:
+    result = plan(tinyllama())
+    assert result.block_size == 128
+    assert result.cap.num_blocks == 8192
+    assert result.cap.capacity_tokens == 1_048_576
+
+
+def test_cpu_tinyllama_with_48_block_override_has_6144_tokens_at_3x() -> None:
+    result = plan(tinyllama(num_gpu_blocks_override=48))
+    assert result.cap.capacity_tokens == 6144
+    assert f"{result.cap.max_concurrency:.2f}" == "3.00"
+
+
+def test_textbook_llama_8b_fp16_costs_128_kib_per_token_and_250_mib_per_2000() -> None:
+    result = plan(llama())
+    assert result.kv_bytes_per_token == 131_072
+    assert result.kv_bytes_per_token * 2000 == 250 * 1024 * 1024
+
+
+def test_textbook_80_gb_at_0_9_leaves_about_52_gb_and_200_sequences() -> None:
+    # The textbook's own inputs: an 80 GB card, 16 GB of weights; vLLM's overheads on top.
+    result = plan(
+        llama(
+            gpu=lookup_gpu("80GB"),
+            weights_bytes=16 * 10**9,
+            gpu_memory_utilization=0.9,
+            release=release("0.32.0"),
+            contexts=(Context("2000", 2000), Context("8000", 8000)),
+        )
+    )
+    assert within(result.kv_budget_bytes, 52e9, 0.05)
+    seqs = {c.label: n for c, n in result.sequences}
+    assert within(seqs["2000"], 200, 0.05)
+    assert within(seqs["8000"], 50, 0.05)
+
+
+def test_fp8_kv_cache_doubles_blocks_and_sequences() -> None:
+    ctx = (Context("2000", 2000),)
+    auto = plan(llama(contexts=ctx))
+    fp8 = plan(llama(contexts=ctx, kv_cache_dtype="fp8"))
+    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token
+    assert fp8.cap.num_blocks in (2 * auto.cap.num_blocks, 2 * auto.cap.num_blocks + 1)
+    assert fp8.sequences[0][1] >= 2 * auto.sequences[0][1]
+
+
+def test_tp4_quarters_per_gpu_bytes_per_token_of_an_8_kv_head_model() -> None:
+    assert plan(llama(tensor_parallel_size=4)).kv_bytes_per_token * 4 == 131_072
+
+
+def test_weight_quantization_frees_memory_but_keeps_kv_bytes_per_token() -> None:
+    bf16 = plan(llama())
+    fp8_weights = plan(llama(quantization="fp8"))
+    assert fp8_weights.kv_bytes_per_token == bf16.kv_bytes_per_token
+    assert fp8_weights.tightest.weights < bf16.tightest.weights
+    assert fp8_weights.kv_budget_bytes > bf16.kv_budget_bytes
+
+
+def test_kv_cache_memory_bytes_ignores_utilization() -> None:
+    a = plan(llama(kv_cache_memory_bytes=10 * GIB, gpu_memory_utilization=0.5))
+    b = plan(llama(kv_cache_memory_bytes=10 * GIB, gpu_memory_utilization=0.9))
+    assert a.kv_budget_bytes == b.kv_budget_bytes == 10 * GIB
+
+
+def test_default_utilization_follows_the_release() -> None:
+    assert plan(llama(gpu_memory_utilization=None)).utilization == 0.9
+    assert plan(llama(gpu_memory_utilization=None, release=release("0.20.0"))).utilization == 0.92
+
+
+def test_cuda_graph_estimate_is_subtracted_from_0_20_unless_eager() -> None:
+    assert plan(llama(release=release("0.19.0"))).tightest.cuda_graph == 0
+    assert plan(llama(release=release("0.20.0"))).tightest.cuda_graph > 0
+    assert plan(llama(release=release("0.20.0"), enforce_eager=True)).tightest.cuda_graph == 0
+
+
+def test_a_context_longer_than_memory_holds_reports_vllms_startup_failure() -> None:
+    result = plan(llama(max_model_len=131072, kv_cache_memory_bytes=8 * GIB))
+    assert result.startup_failure is not None
+    assert 0 < result.startup_failure.estimated_max_model_len < 131072
+
+
+def test_tp_that_does_not_divide_attention_heads_is_rejected() -> None:
+    with pytest.raises(InputError, match="must divide the model's 32 attention heads"):
+        plan(llama(tensor_parallel_size=3))
+
+
+@pytest.mark.parametrize("util", [0.0, -0.1, 1.01])
+def test_utilization_outside_zero_one_is_rejected(util: float) -> None:
+    with pytest.raises(InputError, match=r"must be in \(0, 1\]"):
+        plan(llama(gpu_memory_utilization=util))
+
+
+def test_cpu_without_kv_memory_asks_for_it() -> None:
+    with pytest.raises(InputError, match="--kv-cache-memory-bytes"):
+        plan(tinyllama(kv_cache_memory_bytes=None))
+
+
+def test_what_ifs_answer_fp8_utilization_tp_and_shorter_context() -> None:
+    labels = [w.label for w in what_ifs(plan(llama()))]
+    assert labels[0].startswith("FP8 KV cache")
+    assert any("--gpu-memory-utilization 1" in label for label in labels)
+    assert any("--tensor-parallel-size 2" in label for label in labels)
+    assert any("--max-model-len 4096" in label for label in labels)
+
+
+def test_what_ifs_keep_the_offset_of_a_printed_budget() -> None:
+    given = plan(llama(available_kv_bytes=50 * GIB))
+    fp8 = next(w for w in what_ifs(given) if w.label.startswith("FP8"))
+    assert fp8.plan is not None
+    assert fp8.plan.kv_budget_bytes == 50 * GIB

@@ -1,0 +1,199 @@
+"""``kv-headroom plan`` as a user runs it: the table, the JSON contract, the errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main
+from tests.conftest import FIXTURES
+
+LLAMA_DIR = FIXTURES / "models" / "meta-llama__Llama-3.1-8B-Instruct"
+
+
+def run_plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_plan(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-80GB", "--output", "json"
+    )
+    doc = json.loads(out)
+    assert code == 0
+    for key in (
+        "kv_bytes_per_token",
+        "kv_budget_bytes",
+        "block_size",
+        "num_blocks",
+        "kv_capacity_tokens",
+        "max_concurrency",
+        "max_sequences",
+    ):
+        assert key in doc
+    assert set(doc["memory"]) == {
+        "gpu_total_bytes",
+        "ceiling_bytes",
+        "weights_bytes",
+        "activation_bytes",
+        "non_torch_bytes",
+        "cuda_graph_bytes",
+    }
+
+
+def test_json_max_sequences_are_keyed_by_the_contexts_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, out, _ = run_plan(
+        capsys,
+        "--model",
+        "Llama-3.1-8B-Instruct",
+        "--context",
+        "2000",
+        "--context",
+        "p50=1200,p95=4000",
+        "--output",
+        "json",
+    )
+    doc = json.loads(out)
+    assert list(doc["max_sequences"]) == ["2000", "p50", "p95"]
+    assert doc["contexts"]["p95"] == 4000
+    assert doc["max_sequences"]["p50"] > doc["max_sequences"]["p95"]
+
+
+def test_table_shows_the_chain_and_what_ifs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--context", "p95=4000")
+    assert code == 0
+    for row in (
+        "GPU memory (CUDA total)",
+        "× gpu-memory-utilization",
+        "− weights",
+        "− activation peak",
+        "= KV budget per GPU",
+        "÷ KV bytes per token",
+        "= blocks",
+        "= KV cache size",
+        "sequences that fit @ p95",
+        "What if",
+        "FP8 KV cache",
+    ):
+        assert row in out
+
+
+def test_model_dir_with_a_safetensors_index_uses_its_total_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shutil.copy(LLAMA_DIR / "config.json", tmp_path / "config.json")
+    index = {"metadata": {"total_size": 20 * 2**30}, "weight_map": {}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    _, out, _ = run_plan(capsys, "--model", str(tmp_path), "--output", "json", "--no-what-if")
+    doc = json.loads(out)
+    assert doc["memory"]["weights_bytes"] == 20 * 2**30
+    assert "metadata.total_size" in doc["sources"]["weights"]
+
+
+def test_hugging_face_cache_layout_resolves_the_current_snapshot(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    repo = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct"
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    shutil.copy(LLAMA_DIR / "config.json", snap / "config.json")
+    _, out, _ = run_plan(capsys, "--model", str(repo), "--output", "json", "--no-what-if")
+    assert json.loads(out)["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_vllm_refusing_to_start_exits_1_with_its_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_plan(
+        capsys,
+        "--model",
+        "Llama-3.1-8B-Instruct",
+        "--gpu",
+        "L4",
+        "--max-model-len",
+        "131072",
+        "--no-what-if",
+    )
+    assert code == 1
+    assert "vLLM would refuse to start" in out
+    assert "estimated maximum model length is" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no/such-model"], "--model = 'no/such-model': is neither a path"),
+        (["--model", "Llama-3.1-8B-Instruct", "--gpu", "Z9000"], "--gpu = 'Z9000': unknown GPU"),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "1.5"],
+            "--gpu-memory-utilization = 1.5: must be in (0, 1]",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--tensor-parallel-size", "3"],
+            "must divide the model's 32 attention heads",
+        ),
+        (["--model", "Llama-3.1-8B-Instruct", "--context", "lots"], "--context = 'lots'"),
+        (["--model", "Llama-3.1-8B-Instruct", "--vllm-version", "latest"], "not a vLLM release"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_naming_the_value(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, out, err = run_plan(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_invalid_json_config_names_file_and_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 32,\n  oops}')
+    code, _, err = run_plan(capsys, "--model", str(tmp_path))
+    assert code == 2
+    assert f"{tmp_path / 'config.json'}: is not valid JSON (line 2" in err
+
+
+def test_model_dir_without_config_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run_plan(capsys, "--model", str(tmp_path))
+    assert code == 2
+    assert "config.json: no config.json here" in err
+
+
+def test_partial_catalogue_model_asks_for_the_weights(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_plan(capsys, "--model", "Llama-3.3-70B-Instruct", "--max-model-len", "8192")
+    assert code == 2
+    assert "pass --weights-bytes" in err
+
+
+def test_console_script_runs_without_a_traceback_on_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("[]")
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "plan", "--model", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "must hold a JSON object" in proc.stderr
