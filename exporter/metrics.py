@@ -1,0 +1,244 @@
+"""Every metric the sidecar exports — name, type, help, labels — and the collector that
+renders one snapshot. The README's metric table is checked against ``METRICS``.
+
+All names carry the ``kv_headroom_`` prefix and base units; no target labels (pod and
+namespace come from service discovery). Values are computed by the poll loop; a scrape
+renders the latest snapshot and does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from exporter import __version__
+from exporter.snapshot import EngineView, Snapshot
+
+PREFIX = "kv_headroom_"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # without the prefix
+    kind: str  # gauge | counter
+    labels: tuple[str, ...]
+    help: str
+    unit: str  # for the README: bytes, tokens, ratio, seconds, sequences, count, info
+    source: str  # where the value comes from, for the README
+
+    @property
+    def full(self) -> str:
+        return PREFIX + self.name
+
+
+_E = ("engine",)
+METRICS: tuple[Spec, ...] = (
+    # capacity
+    Spec("kv_bytes_per_token", "gauge", (), "KV cache bytes one token of context costs on one GPU (all its layers).", "bytes", "config (or implied: kv_cache_memory_bytes ÷ tokens)"),
+    Spec("memory_ceiling_bytes", "gauge", (), "Per-GPU memory vLLM may use: ceil(CUDA total × gpu_memory_utilization).", "bytes", "expected"),
+    Spec("weights_bytes", "gauge", (), "Model weights loaded on one GPU (tightest stage).", "bytes", "model dir / estimate"),
+    Spec("overhead_bytes", "gauge", (), "Activation peak + non-torch + CUDA-graph memory vLLM subtracts before the KV cache (model).", "bytes", "expected"),
+    Spec("kv_budget_bytes", "gauge", ("engine", "source"), "KV cache memory per GPU: expected from flags and model, observed from what vLLM allocated.", "bytes", "expected / vLLM"),
+    Spec("kv_capacity_tokens", "gauge", ("engine", "source"), "KV cache size in tokens as vLLM counts them (its 'KV cache size' figure).", "tokens", "expected / vLLM"),
+    Spec("kv_capacity_blocks", "gauge", ("engine", "source"), "KV cache blocks (vLLM num_gpu_blocks; one is reserved).", "blocks", "expected / vLLM"),
+    Spec("budget_drift_ratio", "gauge", _E, "Observed ÷ expected KV blocks; 1 means vLLM sized its cache as predicted.", "ratio", "derived"),
+    Spec("max_sequences", "gauge", ("engine", "context"), "Whole sequences of the given context the KV cache holds at once.", "sequences", "derived"),
+    # load
+    Spec("kv_usage_ratio", "gauge", _E, "KV cache blocks held by live requests, 0-1 (vLLM kv_cache_usage_perc).", "ratio", "vLLM"),
+    Spec("kv_used_tokens", "gauge", _E, "KV slots held by live requests (usage × usable blocks × block size).", "tokens", "vLLM + derived"),
+    Spec("kv_free_tokens", "gauge", _E, "KV slots free now.", "tokens", "vLLM + derived"),
+    Spec("free_sequences", "gauge", ("engine", "context"), "Sequences of the given context that still fit in the free KV cache.", "sequences", "derived"),
+    Spec("tokens_per_running_sequence", "gauge", _E, "KV tokens held per running sequence (used tokens ÷ running).", "tokens", "derived"),
+    Spec("requests_running", "gauge", _E, "Requests in the running batch.", "requests", "vLLM"),
+    Spec("requests_waiting", "gauge", _E, "Requests waiting to be scheduled.", "requests", "vLLM"),
+    Spec("requests_waiting_for_capacity", "gauge", _E, "Requests waiting for scheduling capacity (vLLM 0.20+).", "requests", "vLLM"),
+    Spec("preemptions", "counter", _E, "Preemptions vLLM reported since the sidecar started, across vLLM restarts.", "count", "vLLM"),
+    Spec("context_tokens", "gauge", ("engine", "quantile"), "Prompt + generation tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
+    Spec("context_mean_tokens", "gauge", _E, "Mean prompt + generation tokens per finished request over the window.", "tokens", "vLLM histograms"),
+    Spec("prompt_tokens", "gauge", ("engine", "quantile"), "Prompt tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
+    Spec("generation_tokens", "gauge", ("engine", "quantile"), "Generated tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
+    Spec("context_requests", "gauge", _E, "Finished requests the context distribution is computed from.", "requests", "vLLM histograms"),
+    Spec("sequences_per_request", "gauge", _E, "Sequences per request (mean of the n parameter over the window).", "ratio", "vLLM histograms"),
+    Spec("max_users", "gauge", ("engine", "context"), "Concurrent requests that fit: max sequences ÷ sequences per request.", "requests", "derived"),
+    Spec("config_overcommit_ratio", "gauge", _E, "max_num_seqs ÷ sequences that fit at p95 context; above 1 the configuration will preempt.", "ratio", "derived"),
+    Spec("recommended_max_num_seqs", "gauge", _E, "The most sequences that fit at the observed p95 context.", "sequences", "derived"),
+    Spec("prefix_cache_hit_ratio", "gauge", _E, "Prompt tokens served from the prefix cache over the window, 0-1.", "ratio", "vLLM"),
+    Spec("prefix_cache_extra_sequences", "gauge", _E, "Extra p95 sequences that fit when the hit share of each prompt is shared.", "sequences", "derived"),
+    # gpu
+    Spec("gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory total (NVML).", "bytes", "NVML"),
+    Spec("gpu_memory_used_bytes", "gauge", ("gpu",), "GPU memory used by every process (NVML).", "bytes", "NVML"),
+    Spec("gpu_memory_foreign_bytes", "gauge", ("gpu",), "GPU memory used beyond this vLLM's expected footprint (ceiling + CUDA context).", "bytes", "NVML + expected"),
+    Spec("gpu_info", "gauge", ("gpu", "uuid", "name"), "The GPUs this vLLM uses; value 1.", "info", "NVML"),
+    # self
+    Spec("source_up", "gauge", ("source",), "1 when the source answered the last poll (vllm, nvml, model).", "bool", "sidecar"),
+    Spec("source_last_success_timestamp_seconds", "gauge", ("source",), "When the source last answered (Unix time).", "seconds", "sidecar"),
+    Spec("poll_errors", "counter", ("source",), "Polls in which the source failed.", "count", "sidecar"),
+    Spec("poll_duration_seconds", "gauge", (), "Duration of the last poll, sources to snapshot.", "seconds", "sidecar"),
+    Spec("build_info", "gauge", ("version", "python_version"), "The sidecar's version; value 1.", "info", "sidecar"),
+    Spec("info", "gauge", ("model", "attention_kind", "kv_cache_dtype", "block_size", "tensor_parallel_size", "pipeline_parallel_size", "vllm_version"), "The deployment as the sidecar sees it; value 1.", "info", "deployment"),
+    Spec("deployment_flag_info", "gauge", ("flag", "value", "source"), "Each deployed vLLM flag and where the sidecar learnt it; value 1.", "info", "deployment"),
+)  # fmt: skip
+BY_NAME = {s.name: s for s in METRICS}
+QUANTILE_LABELS = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
+
+
+class _Families:
+    """Creates each family on first use so absent values leave no empty family behind."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        spec = BY_NAME[name]
+        family = self._families.get(name)
+        if family is None:
+            if spec.kind == "counter":
+                family = CounterMetricFamily(spec.full, spec.help, labels=spec.labels)
+            else:
+                family = GaugeMetricFamily(spec.full, spec.help, labels=spec.labels)
+            self._families[name] = family
+        family.add_metric(list(labels), float(value))
+
+    def __iter__(self) -> Iterator[Metric]:
+        order = {s.name: i for i, s in enumerate(METRICS)}
+        for name in sorted(self._families, key=order.__getitem__):
+            yield self._families[name]
+
+
+class SnapshotCollector:
+    """Renders one snapshot. Sample output (one engine, vLLM 0.32 on the CPU)::
+
+        # HELP kv_headroom_kv_capacity_blocks KV cache blocks (vLLM num_gpu_blocks; one is reserved).
+        # TYPE kv_headroom_kv_capacity_blocks gauge
+        kv_headroom_kv_capacity_blocks{engine="0",source="observed"} 48.0
+        kv_headroom_max_sequences{context="p95",engine="0"} 5.0
+        kv_headroom_source_up{source="vllm"} 1.0
+    """
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snap = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        f = _Families()
+        snap = self._snap
+        self._capacity(f, snap)
+        for view in snap.engines:
+            self._engine(f, snap, view)
+        for gpu in snap.gpus:
+            g = str(gpu.index)
+            f.add("gpu_memory_total_bytes", [g], gpu.total_bytes)
+            f.add("gpu_memory_used_bytes", [g], gpu.used_bytes)
+            f.add("gpu_memory_foreign_bytes", [g], gpu.foreign_bytes)
+            f.add("gpu_info", [g, gpu.uuid, gpu.name], 1)
+        for src in snap.sources:
+            f.add("source_up", [src.name], 1 if src.up else 0)
+            f.add("source_last_success_timestamp_seconds", [src.name], src.last_success)
+            f.add("poll_errors", [src.name], src.errors_total)
+        f.add("poll_duration_seconds", [], snap.poll_duration_seconds)
+        f.add("build_info", [__version__, platform.python_version()], 1)
+        self._info(f, snap)
+        yield from f
+
+    @staticmethod
+    def _capacity(f: _Families, snap: Snapshot) -> None:
+        f.add("kv_bytes_per_token", [], snap.kv_bytes_per_token)
+        plan = snap.expected
+        if plan is None:
+            return
+        stage = plan.tightest
+        if stage.requested:
+            f.add("memory_ceiling_bytes", [], stage.requested)
+            f.add("overhead_bytes", [], stage.overhead)
+        if stage.weights:
+            f.add("weights_bytes", [], stage.weights)
+
+    @staticmethod
+    def _engine(f: _Families, snap: Snapshot, v: EngineView) -> None:
+        e = v.engine
+        plan = snap.expected
+        if plan is not None:
+            f.add("kv_budget_bytes", [e, "expected"], plan.kv_budget_bytes)
+            f.add("kv_capacity_tokens", [e, "expected"], plan.cap.capacity_tokens)
+            f.add("kv_capacity_blocks", [e, "expected"], plan.cap.num_blocks)
+            if v.num_blocks is not None and plan.cap.num_blocks:
+                f.add("budget_drift_ratio", [e], v.num_blocks / plan.cap.num_blocks)
+        f.add("kv_budget_bytes", [e, "observed"], v.budget_bytes)
+        f.add("kv_capacity_tokens", [e, "observed"], v.capacity_tokens)
+        f.add("kv_capacity_blocks", [e, "observed"], v.num_blocks)
+        for label, seqs in v.max_sequences.items():
+            f.add("max_sequences", [e, label], seqs)
+        for label, seqs in v.free_sequences.items():
+            f.add("free_sequences", [e, label], seqs)
+        for label, users in v.max_users.items():
+            f.add("max_users", [e, label], users)
+        f.add("kv_usage_ratio", [e], v.kv_usage)
+        if v.occupancy is not None:
+            f.add("kv_used_tokens", [e], v.occupancy.used_tokens)
+            f.add("kv_free_tokens", [e], v.occupancy.free_tokens)
+            f.add("tokens_per_running_sequence", [e], v.occupancy.tokens_per_running_sequence)
+        f.add("requests_running", [e], v.running)
+        f.add("requests_waiting", [e], v.waiting)
+        f.add("requests_waiting_for_capacity", [e], v.waiting_for_capacity)
+        f.add("preemptions", [e], v.preemptions_total)
+        if v.context is not None:
+            for label, q in QUANTILE_LABELS.items():
+                f.add("context_tokens", [e, q], v.context.quantiles[label])
+                f.add("prompt_tokens", [e, q], v.context.prompt_quantiles[label])
+                f.add("generation_tokens", [e, q], v.context.generation_quantiles[label])
+            f.add("context_mean_tokens", [e], v.context.mean)
+            f.add("context_requests", [e], v.context.requests)
+        f.add("sequences_per_request", [e], v.sequences_per_request)
+        f.add("config_overcommit_ratio", [e], v.config_overcommit_ratio)
+        f.add("recommended_max_num_seqs", [e], v.recommended_max_num_seqs)
+        f.add("prefix_cache_hit_ratio", [e], v.prefix_cache_hit_ratio)
+        f.add("prefix_cache_extra_sequences", [e], v.prefix_cache_extra_sequences)
+
+    @staticmethod
+    def _info(f: _Families, snap: Snapshot) -> None:
+        d = snap.deployment
+        plan = snap.expected
+        block = d.int_("block_size") or (plan.block_size if plan else None)
+        f.add(
+            "info",
+            [
+                snap.model_name or "",
+                snap.attention_kind or "",
+                d.str_("kv_cache_dtype") or "auto",
+                str(block or ""),
+                str(d.int_("tensor_parallel_size") or 1),
+                str(d.int_("pipeline_parallel_size") or 1),
+                d.str_("vllm_version") or "",
+            ],
+            1,
+        )
+        for key, value in sorted(d.values.items()):
+            f.add("deployment_flag_info", [key, _show(value), d.origin.get(key, "")], 1)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def render(snapshot: Snapshot) -> bytes:
+    """The Prometheus text exposition (format 0.0.4) of one snapshot."""
+    return generate_latest(SnapshotCollector(snapshot))
+
+
+def families_by_name(text: str) -> Mapping[str, list[tuple[dict[str, str], float]]]:
+    """Parse an exposition back into {name: [(labels, value)]} (tests and benchmarks)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out

@@ -1,0 +1,143 @@
+"""Observations and their bounded history, with counters that survive vLLM restarts.
+
+vLLM's counters and histograms restart from zero with the process. Each observation keeps
+``Totals``: everything counted *since the sidecar started*, advanced by the increase
+between two reads (the new value itself when it went down: a restart), so a window's
+delta is one subtraction and never negative. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from exporter.capacity.histogram import Histogram, histogram_delta
+from exporter.sources.vllm_page import EngineMetrics, VllmPage
+
+_COUNTERS = (
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "requests_finished",
+    "prefix_queries",
+    "prefix_hits",
+)
+_HISTOGRAMS = ("prompt_len", "generation_len", "max_tokens_param", "n_param")
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts since the sidecar started, per engine (monotonic across vLLM restarts)."""
+
+    preemptions: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    requests_finished: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    prompt_len: Histogram | None = None
+    generation_len: Histogram | None = None
+    max_tokens_param: Histogram | None = None
+    n_param: Histogram | None = None
+
+
+def _increase(now: float | None, before: float | None) -> float:
+    if now is None or before is None:
+        return 0.0
+    return now - before if now >= before else now
+
+
+def _add(total: Histogram | None, delta: Histogram | None) -> Histogram | None:
+    if delta is None:
+        return total
+    if total is None or total.bounds != delta.bounds:
+        return delta
+    return Histogram(
+        total.bounds,
+        tuple(a + b for a, b in zip(total.counts, delta.counts, strict=True)),
+        total.sum + delta.sum,
+        total.count + delta.count,
+    )
+
+
+def restarted(before: EngineMetrics, now: EngineMetrics) -> bool:
+    """Did a counter go backwards between two reads of the same engine?"""
+    for name in _COUNTERS:
+        a, b = getattr(before, name), getattr(now, name)
+        if a is not None and b is not None and b < a:
+            return True
+    for name in _HISTOGRAMS:
+        a, b = getattr(before, name), getattr(now, name)
+        if a is not None and b is not None and b.count < a.count:
+            return True
+    return False
+
+
+def advance(total: Totals | None, before: EngineMetrics | None, now: EngineMetrics) -> Totals:
+    """The totals after one more read of an engine. The first read counts nothing."""
+    total = total or Totals()
+    if before is None:
+        return total
+    reset = restarted(before, now)
+    counters = {
+        name: getattr(total, name) + _increase(getattr(now, name), getattr(before, name))
+        for name in _COUNTERS
+    }
+    histograms = {}
+    for name in _HISTOGRAMS:
+        cur, prev = getattr(now, name), getattr(before, name)
+        delta = cur if reset else histogram_delta(cur, prev)
+        if prev is None and not reset:
+            delta = None  # a family that just appeared: its past is not ours to count
+        histograms[name] = _add(getattr(total, name), delta)
+    return Totals(**counters, **histograms)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One poll: when, what vLLM said (None if it could not be read), and the totals."""
+
+    time: float
+    page: VllmPage | None
+    totals: Mapping[str, Totals] = field(default_factory=dict)
+
+
+class History:
+    """A bounded ring of observations, oldest first."""
+
+    def __init__(self, keep_seconds: float, max_len: int) -> None:
+        self._keep = keep_seconds
+        self._ring: deque[Observation] = deque(maxlen=max_len)
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def __iter__(self) -> Iterator[Observation]:
+        return iter(self._ring)
+
+    def append(self, obs: Observation) -> None:
+        self._ring.append(obs)
+        while self._ring and self._ring[0].time < obs.time - self._keep:
+            self._ring.popleft()
+
+    @property
+    def latest(self) -> Observation | None:
+        return self._ring[-1] if self._ring else None
+
+    def last_good(self) -> Observation | None:
+        """The newest observation in which vLLM answered."""
+        for obs in reversed(self._ring):
+            if obs.page is not None:
+                return obs
+        return None
+
+    def at_or_after(self, when: float) -> Observation | None:
+        """The oldest observation no older than ``when`` (the start of a window)."""
+        for obs in self._ring:
+            if obs.time >= when:
+                return obs
+        return None
+
+    def recent(self, since: float) -> list[Observation]:
+        return [obs for obs in self._ring if obs.time >= since]
