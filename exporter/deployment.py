@@ -102,6 +102,7 @@ def resolve(
     cache_config: Mapping[str, str] | None,
     max_model_len: int | None,
     version: str | None,
+    served_model: str | None = None,
     cmdline: Mapping[str, object] | None,
     config: Mapping[str, object] | None,
 ) -> Resolved:
@@ -118,6 +119,7 @@ def resolve(
         if cache_config is not None:
             offer(key, label_value(cache_config.get(label), kind), FROM_CACHE_CONFIG)
     offer("max_model_len", max_model_len, FROM_MODELS)
+    offer("model", served_model, FROM_MODELS)
     offer("vllm_version", version, FROM_VERSION)
     for source, mapping in ((FROM_CMDLINE, cmdline), (FROM_CONFIG, config)):
         for key in FLAGS:

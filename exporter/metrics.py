@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
 from exporter.snapshot import EngineView, Snapshot
 
 PREFIX = "kv_headroom_"
+# Values are written exactly as prometheus_client writes them (Go's float format).
+floatToGoString = cast(Callable[[float], str], _untyped_go_float)
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,10 @@ METRICS: tuple[Spec, ...] = (
     Spec("requests_waiting", "gauge", _E, "Requests waiting to be scheduled.", "requests", "vLLM"),
     Spec("requests_waiting_for_capacity", "gauge", _E, "Requests waiting for scheduling capacity (vLLM 0.20+).", "requests", "vLLM"),
     Spec("preemptions", "counter", _E, "Preemptions vLLM reported since the sidecar started, across vLLM restarts.", "count", "vLLM"),
-    Spec("context_tokens", "gauge", ("engine", "quantile"), "Prompt + generation tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
+    Spec("context_tokens", "gauge", ("engine", "percentile"), "Prompt + generation tokens per finished request over the window, by percentile.", "tokens", "vLLM histograms"),
     Spec("context_mean_tokens", "gauge", _E, "Mean prompt + generation tokens per finished request over the window.", "tokens", "vLLM histograms"),
-    Spec("prompt_tokens", "gauge", ("engine", "quantile"), "Prompt tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
-    Spec("generation_tokens", "gauge", ("engine", "quantile"), "Generated tokens per finished request over the window, by quantile.", "tokens", "vLLM histograms"),
+    Spec("prompt_tokens", "gauge", ("engine", "percentile"), "Prompt tokens per finished request over the window, by percentile.", "tokens", "vLLM histograms"),
+    Spec("generation_tokens", "gauge", ("engine", "percentile"), "Generated tokens per finished request over the window, by percentile.", "tokens", "vLLM histograms"),
     Spec("context_requests", "gauge", _E, "Finished requests the context distribution is computed from.", "requests", "vLLM histograms"),
     Spec("sequences_per_request", "gauge", _E, "Sequences per request (mean of the n parameter over the window).", "ratio", "vLLM histograms"),
     Spec("max_users", "gauge", ("engine", "context"), "Concurrent requests that fit: max sequences ÷ sequences per request.", "requests", "derived"),
@@ -84,48 +87,102 @@ METRICS: tuple[Spec, ...] = (
     Spec("deployment_flag_info", "gauge", ("flag", "value", "source"), "Each deployed vLLM flag and where the sidecar learnt it; value 1.", "info", "deployment"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in METRICS}
-QUANTILE_LABELS = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
 
 
 class _Families:
-    """Creates each family on first use so absent values leave no empty family behind."""
+    """Samples by metric, in METRICS order; a metric with no sample is left out entirely."""
 
     def __init__(self) -> None:
-        self._families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        self._samples: dict[str, list[tuple[tuple[str, ...], float]]] = {}
 
     def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return
-        spec = BY_NAME[name]
-        family = self._families.get(name)
-        if family is None:
-            if spec.kind == "counter":
-                family = CounterMetricFamily(spec.full, spec.help, labels=spec.labels)
-            else:
-                family = GaugeMetricFamily(spec.full, spec.help, labels=spec.labels)
-            self._families[name] = family
-        family.add_metric(list(labels), float(value))
+        self._samples.setdefault(name, []).append((tuple(labels), float(value)))
 
-    def __iter__(self) -> Iterator[Metric]:
-        order = {s.name: i for i, s in enumerate(METRICS)}
-        for name in sorted(self._families, key=order.__getitem__):
-            yield self._families[name]
+    def families(self) -> Iterator[Metric]:
+        """As prometheus_client metric families (for tests that compare renderings)."""
+        for spec, samples in self._ordered():
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = cls(spec.full, spec.help, labels=spec.labels)
+            for labels, value in samples:
+                family.add_metric(list(labels), value)
+            yield family
+
+    def _ordered(self) -> Iterator[tuple[Spec, list[tuple[tuple[str, ...], float]]]]:
+        for spec in METRICS:
+            samples = self._samples.get(spec.name)
+            if samples:
+                yield spec, samples
+
+    def text(self) -> str:
+        """The text exposition, byte for byte what prometheus_client's generate_latest
+        writes for these families, without its per-sample validation (our names and label
+        names are fixed above; label values are escaped here)."""
+        out: list[str] = []
+        for spec, samples in self._ordered():
+            out.append(_header(spec))
+            for labels, value in samples:
+                prefix = _PREFIX_CACHE.get((spec.name, labels))
+                if prefix is None:
+                    prefix = _sample_prefix(spec, labels)
+                out.append(f"{prefix} {floatToGoString(value)}\n")
+        return "".join(out)
+
+
+# Label sets repeat every poll; their rendered prefixes are kept (bounded, like the parser's).
+_PREFIX_CACHE: dict[tuple[str, tuple[str, ...]], str] = {}
+_PREFIX_CACHE_MAX = 4096
+
+
+def _sample_name(spec: Spec) -> str:
+    return spec.full + ("_total" if spec.kind == "counter" else "")
+
+
+def _header(spec: Spec) -> str:
+    name = _sample_name(spec)
+    help_text = spec.help.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {spec.kind}\n"
+
+
+def _sample_prefix(spec: Spec, labels: tuple[str, ...]) -> str:
+    """``name{a="x",b="y"}`` with labels sorted by name, as prometheus_client writes them."""
+    name = _sample_name(spec)
+    if labels:
+        pairs = sorted(zip(spec.labels, labels, strict=True))
+        name += "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+    if len(_PREFIX_CACHE) >= _PREFIX_CACHE_MAX:
+        _PREFIX_CACHE.clear()
+    _PREFIX_CACHE[(spec.name, labels)] = name
+    return name
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
 
 
 class SnapshotCollector:
     """Renders one snapshot. Sample output (one engine, vLLM 0.32 on the CPU)::
 
-        # HELP kv_headroom_kv_capacity_blocks KV cache blocks (vLLM num_gpu_blocks; one is reserved).
-        # TYPE kv_headroom_kv_capacity_blocks gauge
-        kv_headroom_kv_capacity_blocks{engine="0",source="observed"} 48.0
-        kv_headroom_max_sequences{context="p95",engine="0"} 5.0
-        kv_headroom_source_up{source="vllm"} 1.0
+    # HELP kv_headroom_kv_capacity_blocks KV cache blocks (vLLM num_gpu_blocks; one is reserved).
+    # TYPE kv_headroom_kv_capacity_blocks gauge
+    kv_headroom_kv_capacity_blocks{engine="0",source="observed"} 48.0
+    kv_headroom_max_sequences{context="p95",engine="0"} 5.0
+    kv_headroom_source_up{source="vllm"} 1.0
     """
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._snap = snapshot
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._fill().families()
+
+    def text(self) -> str:
+        return self._fill().text()
+
+    def _fill(self) -> _Families:
         f = _Families()
         snap = self._snap
         self._capacity(f, snap)
@@ -144,7 +201,7 @@ class SnapshotCollector:
         f.add("poll_duration_seconds", [], snap.poll_duration_seconds)
         f.add("build_info", [__version__, platform.python_version()], 1)
         self._info(f, snap)
-        yield from f
+        return f
 
     @staticmethod
     def _capacity(f: _Families, snap: Snapshot) -> None:
@@ -188,10 +245,11 @@ class SnapshotCollector:
         f.add("requests_waiting_for_capacity", [e], v.waiting_for_capacity)
         f.add("preemptions", [e], v.preemptions_total)
         if v.context is not None:
-            for label, q in QUANTILE_LABELS.items():
-                f.add("context_tokens", [e, q], v.context.quantiles[label])
-                f.add("prompt_tokens", [e, q], v.context.prompt_quantiles[label])
-                f.add("generation_tokens", [e, q], v.context.generation_quantiles[label])
+            # "percentile", not "quantile": that label is reserved for summaries.
+            for label, value in v.context.quantiles.items():
+                f.add("context_tokens", [e, label], value)
+                f.add("prompt_tokens", [e, label], v.context.prompt_quantiles[label])
+                f.add("generation_tokens", [e, label], v.context.generation_quantiles[label])
             f.add("context_mean_tokens", [e], v.context.mean)
             f.add("context_requests", [e], v.context.requests)
         f.add("sequences_per_request", [e], v.sequences_per_request)
@@ -230,7 +288,7 @@ def _show(value: object) -> str:
 
 def render(snapshot: Snapshot) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of one snapshot."""
-    return generate_latest(SnapshotCollector(snapshot))
+    return SnapshotCollector(snapshot).text().encode()
 
 
 def families_by_name(text: str) -> Mapping[str, list[tuple[dict[str, str], float]]]:

@@ -169,7 +169,8 @@ class Poller:
             src.down_since = None
         else:
             kind, message = error
-            src.errors_total += 1
+            if kind != "not_configured":  # a choice, not a failure: count real errors only
+                src.errors_total += 1
             if src.up or not src.seen or src.error_kind != kind:
                 self._log.warning("source_down", source=name, kind=kind, error=message)
             if src.up or src.down_since is None:
@@ -318,13 +319,12 @@ class Poller:
         cmdline: dict[str, object] = dict(self._flags.values) if self._flags else {}
         if self._flags and self._flags.model and "model" not in cmdline:
             cmdline["model"] = self._flags.model
-        if card and card.root and "model" not in cmdline:
-            cmdline["model"] = card.root
         overrides = {k: v for k, v in asdict(self.config.deployment).items() if v is not None}
         resolved = resolve(
             cache_config=cache_config,
             max_model_len=card.max_model_len if card else None,
             version=self._version,
+            served_model=card.root if card else None,
             cmdline=cmdline,
             config=overrides,
         )

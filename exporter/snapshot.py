@@ -173,12 +173,13 @@ def engine_view(
     if isinstance(num_blocks, int) and isinstance(block_size, int) and num_blocks > 0:
         occupancy = Occupancy(num_blocks, block_size, raw.kv_usage or 0.0, raw.running or 0.0)
         capacity_tokens = observed_capacity_tokens(cc, num_blocks, block_size, plan)
+        # vLLM's own KV memory figure when it reports one (given memory, CPU backend);
+        # else what its blocks occupy.
         given = label_value(cc.get("kv_cache_memory_bytes"), int)
-        override = label_value(cc.get("num_gpu_blocks_override"), int)
-        if layout is not None:
-            budget = num_blocks * layout.stage_bytes_per_block(plan.cap.tightest_stage)  # type: ignore[union-attr]
-        if isinstance(given, int) and override is None:
+        if isinstance(given, int):
             budget = given
+        elif layout is not None and plan is not None:
+            budget = num_blocks * layout.stage_bytes_per_block(plan.cap.tightest_stage)
 
     prompt = _window_histogram(now_totals, then_totals, raw, "prompt_len")
     generation = _window_histogram(now_totals, then_totals, raw, "generation_len")

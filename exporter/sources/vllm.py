@@ -96,6 +96,9 @@ class VllmClient:
         page = parse_page(text)
         if not page.engines:
             raise SourceError("no_vllm_metrics", "/metrics answered but holds no vllm: series")
+        problem = incomplete(page, text)
+        if problem:
+            raise SourceError("incomplete", f"/metrics: {problem}")
         return page
 
     async def models(self) -> ModelCard:
@@ -124,6 +127,23 @@ class VllmClient:
             return json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise SourceError("bad_json", f"{path}: not JSON") from None
+
+
+def incomplete(page: VllmPage, text: str) -> str | None:
+    """Why a page cannot be trusted whole, or None.
+
+    The exposition format ends every line with a newline, so a missing one means the body
+    was cut; and every release since 0.5 exposes, per engine, running requests, KV usage
+    and ``cache_config_info`` with its ``block_size`` label.
+    """
+    if not text.endswith("\n"):
+        return "the page ends mid-line (truncated)"
+    for e in page.engines:
+        if e.running is None or e.kv_usage is None:
+            return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
+        if not e.cache_config or "block_size" not in e.cache_config:
+            return f"engine {e.engine}: cache_config_info is missing or has no labels"
+    return None
 
 
 async def gather_vllm(

@@ -92,6 +92,10 @@ _HIST_PARTS = {
 _CACHE_CONFIG = "vllm:cache_config_info"
 _WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _START_TIME = "process_start_time_seconds"
+_WANTED = frozenset(
+    [*_SCALARS, *_SUMMED, *_HIST_PARTS, _CACHE_CONFIG, _WAITING_BY_REASON, _START_TIME]
+)
+_PREFIXES = ("vllm:", _START_TIME)
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNESCAPE = re.compile(r"\\(.)")
@@ -128,21 +132,21 @@ def parse_labels(text: str) -> dict[str, str] | None:
     return labels if pos == len(text.rstrip()) else None
 
 
-def split_sample(line: str) -> tuple[str, str, str] | None:
-    """``name{labels} value [timestamp]`` → (name, labels text, value text)."""
-    brace = line.find("{")
-    if brace >= 0:
-        end = line.rfind("}")
-        if end < brace:
-            return None
-        rest = line[end + 1 :].split()
-        if not rest or len(rest) > 2:
-            return None
-        return line[:brace], line[brace + 1 : end], rest[0]
-    parts = line.split()
-    if len(parts) not in (2, 3):
-        return None
-    return parts[0], "", parts[1]
+_LABEL_CACHE: dict[str, dict[str, str] | None] = {}
+_LABEL_CACHE_MAX = 4096
+
+
+def _labels_cached(text: str) -> dict[str, str] | None:
+    """Label sets repeat from poll to poll; parse each distinct one once (bounded cache).
+
+    The dicts are shared: callers must not change them.
+    """
+    labels = _LABEL_CACHE.get(text)
+    if labels is None and text not in _LABEL_CACHE:
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
+            _LABEL_CACHE.clear()
+        labels = _LABEL_CACHE[text] = parse_labels(text)
+    return labels
 
 
 def _value(text: str) -> float | None:
@@ -173,37 +177,44 @@ def parse_page(text: str) -> VllmPage:
     problems: list[str] = []
     start_time: float | None = None
 
-    for line in text.splitlines():
-        if not line or line[0] == "#":
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    wanted, cached = _WANTED, _LABEL_CACHE  # locals: this loop runs ~600 times a poll
+    for line in text.split("\n"):
+        # Comments, blank lines and other exporters' series fail this one C-level test.
+        if not line.startswith(_PREFIXES):
             continue
-        cut = line.find("{")
-        if cut < 0:
-            cut = line.find(" ")
-        name = line[:cut] if cut > 0 else line
-        hist = _HIST_PARTS.get(name)
-        if (
-            hist is None
-            and name not in _SCALARS
-            and name not in _SUMMED
-            and name not in (_CACHE_CONFIG, _WAITING_BY_REASON, _START_TIME)
-        ):
-            continue
-        sample = split_sample(line)
-        if sample is None:
+        brace = line.find("{")
+        if brace > 0:
+            name = line[:brace]
+            if name not in wanted:
+                continue
+            end = line.rfind("}")
+            label_text = line[brace + 1 : end]
+            rest = line[end + 1 :].split() if end > brace else []
+        else:
+            rest = line.split()
+            name = rest.pop(0) if rest else ""
+            if name not in wanted:
+                continue
+            label_text = ""
+        if not rest or len(rest) > 2:
             problems.append(f"unparsable line: {line[:80]!r}")
             continue
-        _, label_text, value_text = sample
-        labels = parse_labels(label_text)
+        value_text = rest[0]
+        labels = cached.get(label_text)
         if labels is None:
-            problems.append(f"malformed labels: {line[:80]!r}")
-            continue
+            labels = _labels_cached(label_text)
+            if labels is None:
+                problems.append(f"malformed labels: {line[:80]!r}")
+                continue
+        hist = _HIST_PARTS.get(name)
         if name == _START_TIME:
             start_time = _value(value_text)
             continue
         key = labels.get("engine", "0")
         if name == _CACHE_CONFIG:
-            labels.pop("engine", None)
-            cache_configs[key] = labels
+            cache_configs[key] = {k: v for k, v in labels.items() if k != "engine"}
             continue
         value = _value(value_text)
         eng = engines.get(key)

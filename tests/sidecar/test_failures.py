@@ -1,0 +1,164 @@
+"""A failing vLLM never fails a scrape: the source shows as down, once in the log, and
+comes back by itself on the next good poll."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from aiohttp.test_utils import TestClient, TestServer
+
+from exporter.config import Config
+from exporter.metrics import families_by_name
+from exporter.server import create_app
+from tests.sidecar.conftest import FakeVllm, MakeRig, fixture_page, unused_port
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    for found, v in families_by_name(text).get(name, []):
+        if all(found.get(k) == want for k, want in labels.items()):
+            return v
+    return None
+
+
+def vllm_up(text: str) -> float | None:
+    return value(text, "kv_headroom_source_up", source="vllm")
+
+
+async def test_vllm_absent_at_start_shows_down_then_recovers(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(f"http://127.0.0.1:{unused_port()}")
+    await rig.poll()
+    assert vllm_up(rig.text) == 0
+    assert rig.poller.snapshot.source("vllm").error_kind == "refused"  # type: ignore[union-attr]
+    assert not rig.poller.snapshot.vllm_ready
+    rig.poller._client._base = fake_vllm.url  # vLLM comes up where it was expected
+    await rig.poll()
+    assert vllm_up(rig.text) == 1
+    assert rig.poller.snapshot.vllm_ready
+
+
+async def test_slow_vllm_beyond_the_timeout_is_down_for_that_poll(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    fake_vllm.mode, fake_vllm.delay = "delay", 2.0
+    await rig.poll()
+    assert vllm_up(rig.text) == 0
+    assert rig.poller.snapshot.source("vllm").error_kind == "timeout"  # type: ignore[union-attr]
+    fake_vllm.mode = "ok"
+    await rig.poll()
+    assert vllm_up(rig.text) == 1
+
+
+async def test_garbage_page_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
+    rig = await make_rig(fake_vllm.url)
+    fake_vllm.mode = "garbage"
+    await rig.poll()
+    assert rig.poller.snapshot.source("vllm").error_kind == "no_vllm_metrics"  # type: ignore[union-attr]
+
+
+async def test_truncated_page_is_down_and_recovers(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
+    rig = await make_rig(fake_vllm.url)
+    full = fake_vllm.page
+    fake_vllm.page = full[: full.index("vllm:kv_cache_usage_perc") + 30]
+    await rig.poll()
+    assert rig.poller.snapshot.source("vllm").error_kind == "incomplete"  # type: ignore[union-attr]
+    fake_vllm.page = full
+    await rig.poll()
+    assert vllm_up(rig.text) == 1
+
+
+async def test_empty_cache_config_info_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
+    rig = await make_rig(fake_vllm.url)
+    lines = fake_vllm.page.splitlines(keepends=True)
+    fake_vllm.page = "".join(
+        'vllm:cache_config_info{engine="0"} 1.0\n'
+        if line.startswith("vllm:cache_config_info")
+        else line
+        for line in lines
+    )
+    await rig.poll()
+    state = rig.poller.snapshot.source("vllm")
+    assert state is not None
+    assert state.error_kind == "incomplete"
+    assert "cache_config_info" in (state.error or "")
+
+
+async def test_http_error_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
+    rig = await make_rig(fake_vllm.url)
+    fake_vllm.mode = "status500"
+    await rig.poll()
+    assert rig.poller.snapshot.source("vllm").error_kind == "http_status"  # type: ignore[union-attr]
+
+
+async def test_capacity_stays_while_vllm_is_down_but_load_is_withheld(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll()
+    fake_vllm.mode = "status500"
+    await rig.poll()
+    assert value(rig.text, "kv_headroom_kv_capacity_blocks", source="observed") == 48
+    assert value(rig.text, "kv_headroom_kv_usage_ratio") is None
+    assert value(rig.text, "kv_headroom_requests_running") is None
+
+
+async def test_restart_with_lower_counters_never_lowers_preemptions(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll()
+    fake_vllm.page = fake_vllm.page.replace(
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 29.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 35.0',
+    )
+    await rig.poll()
+    assert value(rig.text, "kv_headroom_preemptions_total") == 6
+    fake_vllm.mode = "status500"  # killed
+    await rig.poll()
+    fake_vllm.mode = "ok"  # restarted: counters from zero
+    fake_vllm.page = fixture_page("vllm-0.32-cpu-idle.txt").replace(
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 0.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 2.0',
+    )
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll()
+    assert value(rig.text, "kv_headroom_preemptions_total") == 8
+    assert [e["event"] for e in logs].count("vllm_restarted") >= 1
+
+
+async def test_a_failure_is_logged_once_not_every_poll(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll()
+    fake_vllm.mode = "status500"
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll(3)
+        fake_vllm.mode = "ok"
+        await rig.poll(2)
+    events = [e["event"] for e in logs if e.get("source") == "vllm"]
+    assert events == ["source_down", "source_up"]
+
+
+async def test_metrics_answer_200_while_vllm_is_absent() -> None:
+    config = Config(
+        vllm_url=f"http://127.0.0.1:{unused_port()}",
+        vllm_timeout_seconds=0.2,
+        poll_interval_seconds=0.3,
+        nvml_enabled=False,
+    )
+    async with TestClient(TestServer(create_app(config), host="127.0.0.1")) as client:
+        for _ in range(50):  # bounded: until the first poll has happened
+            if client.app is not None and "source_up" in (
+                await (await client.get("/metrics")).text()
+            ):
+                break
+            await asyncio.sleep(0.05)
+        resp = await client.get("/metrics")
+        assert resp.status == 200
+        assert vllm_up(await resp.text()) == 0
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/healthz")).status == 200

@@ -1,0 +1,49 @@
+"""Counters and histograms survive vLLM restarts: totals only ever grow."""
+
+from __future__ import annotations
+
+from exporter.capacity.histogram import Histogram
+from exporter.observe import History, Observation, advance, restarted
+from exporter.sources.vllm_page import EngineMetrics
+
+
+def engine(preemptions: float, finished: float, count: float = 0.0) -> EngineMetrics:
+    h = Histogram((100.0,), (count, count), count * 50, count)
+    return EngineMetrics("0", preemptions=preemptions, requests_finished=finished, prompt_len=h)
+
+
+def test_first_read_counts_nothing() -> None:
+    t = advance(None, None, engine(29, 40, 40))
+    assert t.preemptions == 0
+    assert t.prompt_len is None
+
+
+def test_increases_accumulate() -> None:
+    t = advance(None, None, engine(1, 1))
+    t = advance(t, engine(1, 1), engine(4, 2))
+    assert t.preemptions == 3
+    assert t.requests_finished == 1
+
+
+def test_a_restart_adds_the_new_count_never_a_negative_one() -> None:
+    a, b, c = engine(10, 10, 10), engine(12, 11, 11), engine(2, 0, 1)
+    t = advance(advance(advance(None, None, a), a, b), b, c)
+    assert restarted(b, c)
+    assert t.preemptions == 2 + 2
+    assert t.prompt_len is not None
+    assert t.prompt_len.count == 1 + 1
+
+
+def test_history_drops_what_is_older_than_it_keeps() -> None:
+    h = History(keep_seconds=10, max_len=100)
+    for second in range(30):
+        h.append(Observation(float(second), None))
+    assert len(h) == 11
+    assert h.at_or_after(25.0) is not None
+
+
+def test_history_is_bounded_by_length_too() -> None:
+    h = History(keep_seconds=1e9, max_len=5)
+    for second in range(30):
+        h.append(Observation(float(second), None))
+    assert len(h) == 5
