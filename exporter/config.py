@@ -79,7 +79,6 @@ class Config:
     nvml_devices: tuple[str, ...] | None = None  # None: every GPU NVML sees
     proc_path: str = "/proc"
     deployment: Deployment = field(default_factory=Deployment)
-    web_config_file: str | None = None
     config_file: str | None = None
     # Read-only so a Config handed around cannot be changed behind its back. Two configs that
     # run the same are equal whatever their provenance, and a mapping proxy has no hash.
@@ -293,7 +292,6 @@ _SPECS = (
     _Spec("vllm.timeout", "vllm_timeout_seconds", _duration, _show_duration),
     _Spec("vllm.max_page_bytes", "vllm_max_page_bytes", _size, _show_size),
     _Spec("web.listen_address", "listen_address", _address),
-    _Spec("web.config_file", "web_config_file", _str),
     _Spec("poll.interval", "poll_interval_seconds", _duration, _show_duration),
     _Spec("poll.window", "window_seconds", _duration, _show_duration),
     _Spec("poll.history", "history_seconds", _duration, _show_duration),

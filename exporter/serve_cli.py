@@ -24,7 +24,6 @@ _FLAGS = {
     "vllm_url": "vllm.url",
     "vllm_timeout": "vllm.timeout",
     "web_listen_address": "web.listen_address",
-    "web_config_file": "web.config_file",
     "poll_interval": "poll.interval",
     "poll_window": "poll.window",
     "model_path": "model.path",
@@ -44,7 +43,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--vllm.url", dest="vllm_url", help="default http://127.0.0.1:8000")
     p.add_argument("--vllm.timeout", dest="vllm_timeout", help="per request, e.g. 1.5s")
     p.add_argument("--web.listen-address", dest="web_listen_address", help="default :9847")
-    p.add_argument("--web.config-file", dest="web_config_file", help="exporter web config")
     p.add_argument("--poll.interval", dest="poll_interval", help="default 2s")
     p.add_argument("--poll.window", dest="poll_window", help="context window, default 10m")
     p.add_argument("--model.path", dest="model_path", help="model dir or config.json")

@@ -214,9 +214,9 @@ def test_top_level_that_is_not_a_mapping_is_rejected(tmp_path: Path) -> None:
 
 def test_empty_file_and_null_values_keep_the_defaults(tmp_path: Path) -> None:
     assert load_file(tmp_path, "") == Config(config_file=str(tmp_path / "config.yaml"))
-    config = load_file(tmp_path, "web: {config_file: null}\npoll:\n")
-    assert config.web_config_file is None
-    assert config.sources["web.config_file"] == "default"
+    config = load_file(tmp_path, "web: {listen_address: null}\npoll:\n")
+    assert config.listen_port == 9847
+    assert config.sources["web.listen_address"] == "default"
 
 
 def test_invalid_yaml_reports_line_and_column(tmp_path: Path) -> None:
@@ -397,7 +397,7 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     assert by_key["nvml.devices"] == ("0,1", "env")
     assert by_key["model.path"] == ("(not set)", "default")
     assert by_key["deployment.weights_bytes"] == ("16GiB", "file")
-    assert len(rows) == 1 + 14 + len(dataclasses.fields(Deployment))
+    assert len(rows) == 1 + 13 + len(dataclasses.fields(Deployment))
 
 
 YAML_VALUES = st.recursive(
