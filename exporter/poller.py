@@ -132,8 +132,9 @@ class Poller:
     async def poll_once(self) -> Snapshot:
         started = time.perf_counter()
         now = self._deps.clock()
-        page = await self._poll_vllm(now)
-        await asyncio.gather(self._poll_processes(now), self._poll_nvml(now))
+        page, _, _ = await asyncio.gather(
+            self._poll_vllm(now), self._poll_processes(now), self._poll_nvml(now)
+        )
         observation = self._observe(now, page)
         self.history.append(observation)
         deployment = self._resolve()
