@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from exporter import __version__, plan_cli, serve_cli
+from exporter import __version__, demo_cli, plan_cli, serve_cli
 from exporter.errors import InputError
 
 EXIT_BAD_INPUT = 2
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_cli.add_parser(sub)
+    demo_cli.add_parser(sub)
     plan_cli.add_parser(sub)
     return parser
 

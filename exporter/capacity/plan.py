@@ -107,11 +107,16 @@ def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tu
     """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` defaults for ``vllm serve``.
 
     V1 (vllm/engine/arg_utils.py::get_batch_defaults): 8192 / 1024 on GPUs with ≥ 70 GiB
-    that are not A100s, 2048 / 256 otherwise. V0 without chunked prefill: the larger of
+    that are not A100s, 2048 / 256 otherwise; 0.32 adds 16384 / 1024 from 160 GiB (B200)
+    and 2048 / 128 on the CPU backend. V0 without chunked prefill: the larger of
     max_model_len and 2048, with 256 sequences.
     """
     if not release.v1:
         return max(max_model_len, 2048), 256
+    if gpu.platform == "cpu":
+        return 2048, 128 if release.version >= (0, 32, 0) else 256
+    if gpu.total_bytes >= 160 * GIB and release.version >= (0, 32, 0):
+        return 16384, 1024
     big = gpu.total_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
     return (8192, 1024) if big else (2048, 256)
 

@@ -1,0 +1,539 @@
+"""A vLLM V1 engine core, reduced to what decides KV occupancy and preemption.
+
+Scheduling follows vllm/v1/core/sched/scheduler.py (0.32): each step first gives the
+running requests their tokens (a prefill chunk or one decode token) in order, under the
+``max_num_batched_tokens`` budget; when a request cannot get a block the *last* running
+request is preempted — its blocks freed, its progress dropped, put back at the front of
+the waiting queue — until the request fits or preempts itself. Only when nothing was
+preempted are waiting requests admitted, FCFS, while ``max_num_seqs`` allows and the
+free blocks hold the request's whole sequence (``scheduler_reserve_full_isl``); they get
+blocks for the chunk they prefill this step. A request holds
+``ceil(computed tokens / block_size)`` blocks; one block of the pool is vLLM's null block.
+With prefix caching, full blocks of a shared prompt prefix stay cached after release and
+count as free until evicted (LRU); a later request reuses them instead of recomputing.
+
+Between events — an arrival, a request finishing, the pool running short, an observation
+— every running request just decodes one token per step, so the engine jumps over such
+stretches in one go: hours of traffic simulate in seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# Histogram buckets of vLLM 0.32 (vllm/v1/metrics/buckets.py, as on a real 0.32 page).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def token_buckets(max_model_len: int) -> tuple[float, ...]:
+    """vLLM's 1-2-5 buckets up to max_model_len (``build_1_2_5_buckets``)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class Hist:
+    """A histogram as prometheus_client keeps it: per-bucket counts, sum and count."""
+
+    __slots__ = ("bounds", "buckets", "count", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self.buckets = [0.0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0.0
+
+    def observe(self, value: float, weight: float = 1.0) -> None:
+        self.buckets[bisect.bisect_left(self.bounds, value)] += weight
+        self.sum += value * weight
+        self.count += weight
+
+    def cumulative(self) -> list[float]:
+        out, total = [], 0.0
+        for c in self.buckets:
+            total += c
+            out.append(total)
+        return out
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool = True
+    # A step's duration: a fixed part, plus per prefill token, plus per decoding sequence.
+    step_base_s: float = 0.010
+    per_prefill_token_s: float = 0.00004
+    per_decode_seq_s: float = 0.00015
+
+
+@dataclass
+class Request:
+    """One engine request (a child of a parallel-sampling request is one too)."""
+
+    id: int
+    arrival: float
+    prompt_len: int
+    max_tokens: int
+    n: int = 1
+    prefix_key: int | None = None  # requests with the same key share their prompt prefix
+    prefix_len: int = 0  # tokens of the prompt that are shared
+    parent: Parent | None = None
+    num_computed: int = 0
+    output: int = 0
+    plain_blocks: int = 0  # blocks held that are not in the prefix cache
+    cached: list[tuple[int, int]] = field(default_factory=list)  # prefix blocks held
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    preemptions: int = 0
+    pending_preemption_events: int = 0
+    prefill_computed: int = 0  # tokens computed (not cached) in its first prefill
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.output
+
+    @property
+    def held_blocks(self) -> int:
+        return self.plain_blocks + len(self.cached)
+
+
+@dataclass
+class Parent:
+    n: int
+    remaining: int
+    max_generation: int = 0
+
+
+class BlockPool:
+    """Free blocks, and the LRU of cached prefix blocks nobody holds (which count as free)."""
+
+    def __init__(self, usable: int) -> None:
+        self.usable = usable
+        self.free_plain = usable
+        self.refs: dict[tuple[int, int], int] = {}
+        self.evictable: OrderedDict[tuple[int, int], None] = OrderedDict()
+
+    @property
+    def num_free(self) -> int:
+        return self.free_plain + len(self.evictable)
+
+    @property
+    def used(self) -> int:
+        return self.usable - self.num_free
+
+    def take(self, n: int) -> None:
+        """Allocate ``n`` fresh blocks, evicting least recently used cached ones if needed."""
+        use = min(n, self.free_plain)
+        self.free_plain -= use
+        for _ in range(n - use):
+            key, _ = self.evictable.popitem(last=False)
+            del self.refs[key]
+
+    def acquire(self, key: tuple[int, int]) -> None:
+        if self.refs[key] == 0:
+            del self.evictable[key]
+        self.refs[key] += 1
+
+    def register(self, key: tuple[int, int]) -> bool:
+        """A freshly computed prefix block enters the cache (held once); False if present."""
+        if key in self.refs:
+            return False
+        self.refs[key] = 1
+        return True
+
+    def release(self, plain: int, cached: Sequence[tuple[int, int]]) -> None:
+        self.free_plain += plain
+        for key in cached:
+            self.refs[key] -= 1
+            if self.refs[key] == 0:
+                self.evictable[key] = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Stats:
+    """vLLM's counters and histograms for one engine, as it would expose them."""
+
+    def __init__(self, max_model_len: int) -> None:
+        tb = token_buckets(max_model_len)
+        self.preemptions = 0.0
+        self.prompt_tokens = 0.0
+        self.prompt_local_compute = 0.0
+        self.prompt_cache_hit = 0.0
+        self.generation_tokens = 0.0
+        self.finished = 0.0
+        self.prefix_queries = 0.0
+        self.prefix_hits = 0.0
+        self.prompt_len = Hist(tb)
+        self.generation_len = Hist(tb)
+        self.max_generation = Hist(tb)
+        self.max_tokens_param = Hist(tb)
+        self.prefill_kv_computed = Hist(tb)
+        self.n_param = Hist(N_BUCKETS)
+        self.iteration_tokens = Hist(ITERATION_BUCKETS)
+        self.ttft = Hist(TTFT_BUCKETS)
+        self.itl = Hist(ITL_BUCKETS)
+        self.tpot = Hist(ITL_BUCKETS)
+        self.e2e = Hist(LATENCY_BUCKETS)
+        self.queue = Hist(LATENCY_BUCKETS)
+        self.inference = Hist(LATENCY_BUCKETS)
+        self.prefill = Hist(LATENCY_BUCKETS)
+        self.decode = Hist(LATENCY_BUCKETS)
+        self.request_preemptions = Hist(PREEMPTION_BUCKETS)
+
+
+class Engine:
+    """The engine core. ``submit`` requests, ``run_until`` a time; read ``stats``/gauges."""
+
+    def __init__(self, config: EngineConfig, start: float = 0.0) -> None:
+        if config.num_blocks < 2:
+            raise ValueError("the pool needs at least 2 blocks (one is vLLM's null block)")
+        self.config = config
+        self.now = start
+        self.pool = BlockPool(config.num_blocks - 1)
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.stats = Stats(config.max_model_len)
+        self.steps = 0
+        self._next_id = 0
+        self.on_finish: Callable[[Request], None] | None = None
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_len: int,
+        max_tokens: int,
+        *,
+        n: int = 1,
+        prefix_key: int | None = None,
+        prefix_len: int = 0,
+        at: float | None = None,
+    ) -> list[Request]:
+        """Queue a request (``n`` engine requests sharing the prompt, as vLLM fans out n)."""
+        prompt_len = max(1, min(prompt_len, self.config.max_model_len - 1))
+        max_tokens = max(1, min(max_tokens, self.config.max_model_len - prompt_len))
+        parent = Parent(n, n) if n > 1 else None
+        key = prefix_key
+        shared = prefix_len
+        if n > 1 and key is None:
+            key, shared = -(self._next_id + 1), prompt_len  # the children share the whole prompt
+        out = []
+        for _ in range(n):
+            self._next_id += 1
+            req = Request(
+                self._next_id,
+                self.now if at is None else at,
+                prompt_len,
+                max_tokens,
+                n,
+                key,
+                min(shared, prompt_len),
+                parent,
+            )
+            self.waiting.append(req)
+            out.append(req)
+        return out
+
+    # -- gauges ---------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        """``kv_cache_usage_perc``: held blocks over all but the null block."""
+        return self.pool.used / self.pool.usable
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run_until(self, t: float, next_arrival: float | None = None) -> None:
+        """Advance to time ``t`` (steps run back to back while there is work)."""
+        while self.now < t:
+            if not self.running and not self.waiting:
+                self.now = t
+                return
+            horizon = t if next_arrival is None else min(t, next_arrival)
+            if not self._jump(horizon):
+                self.step()
+
+    def step(self) -> None:
+        cfg = self.config
+        bs = cfg.block_size
+        budget = cfg.max_num_batched_tokens
+        pool = self.pool
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            new = min(req.num_tokens - req.num_computed, budget)
+            need = _cdiv(req.num_computed + new, bs) - req.held_blocks
+            preempted_itself = False
+            while need > pool.num_free:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    preempted_itself = True
+                    break
+            if preempted_itself:
+                break
+            if need > 0:
+                pool.take(need)
+                req.plain_blocks += need
+            scheduled.append((req, new))
+            budget -= new
+            i += 1
+        if not preempted:
+            budget = self._admit(budget, scheduled)
+        self._execute(scheduled)
+
+    def _preempt(self, req: Request) -> None:
+        self.pool.release(req.plain_blocks, req.cached)
+        req.plain_blocks = 0
+        req.cached = []
+        req.num_computed = 0
+        req.preemptions += 1
+        # vLLM counts the event when the request next reports output (its frontend sees
+        # the PREEMPTED event with that output), not at the moment it is preempted.
+        req.pending_preemption_events += 1
+        self.waiting.appendleft(req)
+
+    def _prefix_hits(self, req: Request) -> list[tuple[int, int]]:
+        if not self.config.enable_prefix_caching or req.prefix_key is None:
+            return []
+        bs = self.config.block_size
+        # Only full blocks are cached, and at least one token must still be computed.
+        full = min(req.prefix_len, req.num_tokens - 1) // bs
+        hits = []
+        for b in range(full):
+            key = (req.prefix_key, b)
+            if key not in self.pool.refs:
+                break
+            hits.append(key)
+        return hits
+
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        cfg, pool, bs = self.config, self.pool, self.config.block_size
+        while budget > 0 and self.waiting and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            hits = self._prefix_hits(req)
+            evictable_hits = sum(1 for k in hits if pool.refs[k] == 0)
+            hit_tokens = len(hits) * bs
+            full_need = _cdiv(min(req.num_tokens, cfg.max_model_len), bs) - len(hits)
+            if full_need + evictable_hits > pool.num_free:
+                break
+            self.waiting.popleft()
+            for key in hits:
+                pool.acquire(key)
+            req.cached = list(hits)
+            req.num_computed = hit_tokens
+            new = min(req.num_tokens - hit_tokens, budget)
+            need = _cdiv(hit_tokens + new, bs) - len(hits)
+            pool.take(need)
+            req.plain_blocks = need
+            if req.first_scheduled is None:
+                req.first_scheduled = self.now
+                self.stats.prefix_queries += req.prompt_len if cfg.enable_prefix_caching else 0
+                self.stats.prefix_hits += hit_tokens if cfg.enable_prefix_caching else 0
+                req.prefill_computed = -hit_tokens  # grows as the prefill is computed
+            self.running.append(req)
+            scheduled.append((req, new))
+            budget -= new
+        return budget
+
+    def _step_duration(self, prefill_tokens: int, decode_seqs: int) -> float:
+        cfg = self.config
+        return (
+            cfg.step_base_s
+            + cfg.per_prefill_token_s * prefill_tokens
+            + cfg.per_decode_seq_s * decode_seqs
+        )
+
+    def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
+        bs = self.config.block_size
+        prefill_tokens = sum(n for r, n in scheduled if r.num_computed < r.prompt_len)
+        decode_seqs = len(scheduled) - sum(1 for r, _ in scheduled if r.num_computed < r.prompt_len)
+        duration = self._step_duration(prefill_tokens, decode_seqs)
+        self.now += duration
+        self.steps += 1
+        total = 0
+        finished: list[Request] = []
+        for req, new in scheduled:
+            total += new
+            was_prefill = req.num_computed < req.prompt_len
+            req.num_computed += new
+            if was_prefill and req.first_token is None:
+                req.prefill_computed += new
+            self._register_prefix_blocks(req, bs)
+            if req.num_computed < req.num_tokens:
+                continue  # a prefill chunk: no token yet
+            if was_prefill and req.first_token is None:
+                self.stats.prompt_tokens += req.prompt_len
+                computed = max(0, req.prefill_computed)
+                self.stats.prompt_local_compute += computed
+                self.stats.prompt_cache_hit += req.prompt_len - computed
+                self.stats.prefill_kv_computed.observe(computed)
+            self._emit_token(req, duration)
+            if req.output >= req.max_tokens:
+                finished.append(req)
+        if total:
+            self.stats.iteration_tokens.observe(total)
+        for req in finished:
+            self._finish(req)
+
+    def _register_prefix_blocks(self, req: Request, bs: int) -> None:
+        if req.prefix_key is None or not self.config.enable_prefix_caching:
+            return
+        # Full prefix blocks this request has now computed move into the prefix cache.
+        done = min(req.num_computed, req.prefix_len) // bs
+        while len(req.cached) < done and req.plain_blocks > 0:
+            key = (req.prefix_key, len(req.cached))
+            if not self.pool.register(key):
+                break  # another request cached it first; this copy stays private
+            req.plain_blocks -= 1  # the same block, now held as a cached one
+            req.cached.append(key)
+
+    def _emit_token(self, req: Request, duration: float) -> None:
+        stats = self.stats
+        req.output += 1
+        stats.generation_tokens += 1
+        if req.first_token is None:
+            req.first_token = self.now
+            stats.ttft.observe(self.now - req.arrival)
+        else:
+            stats.itl.observe(duration)
+        req.last_token = self.now
+        if req.pending_preemption_events:
+            stats.preemptions += req.pending_preemption_events
+            req.pending_preemption_events = 0
+
+    def _finish(self, req: Request) -> None:
+        stats = self.stats
+        self.running.remove(req)
+        self.pool.release(req.plain_blocks, req.cached)
+        req.plain_blocks, req.cached = 0, []
+        stats.finished += 1
+        stats.prompt_len.observe(req.prompt_len)
+        stats.generation_len.observe(req.output)
+        stats.max_tokens_param.observe(req.max_tokens)
+        first_token = req.first_token or self.now
+        first_scheduled = req.first_scheduled or req.arrival
+        stats.e2e.observe(self.now - req.arrival)
+        stats.queue.observe(first_scheduled - req.arrival)
+        stats.inference.observe(self.now - first_scheduled)
+        stats.prefill.observe(first_token - first_scheduled)
+        stats.decode.observe(self.now - first_token)
+        tpot = (self.now - first_token) / (req.output - 1) if req.output > 1 else 0.0
+        stats.tpot.observe(tpot)
+        stats.request_preemptions.observe(req.preemptions)
+        parent = req.parent
+        if parent is None:
+            stats.max_generation.observe(req.output)
+            stats.n_param.observe(1)
+        else:
+            parent.remaining -= 1
+            parent.max_generation = max(parent.max_generation, req.output)
+            if parent.remaining == 0:
+                stats.max_generation.observe(parent.max_generation)
+                stats.n_param.observe(parent.n)
+        if self.on_finish is not None:
+            self.on_finish(req)
+
+    # -- jumping over pure decode ---------------------------------------------------------
+
+    def _jump(self, horizon: float) -> bool:
+        """Run k ≥ 2 pure decode steps at once when nothing else can happen in between."""
+        running = self.running
+        cfg = self.config
+        if len(running) < 1 or len(running) > cfg.max_num_batched_tokens:
+            return False
+        for req in running:
+            if req.num_computed != req.num_tokens - 1:
+                return False  # someone is prefilling
+        if self.waiting and len(running) < cfg.max_num_seqs and self._admissible(self.waiting[0]):
+            return False
+        duration = self._step_duration(0, len(running))
+        k = min(req.max_tokens - req.output for req in running)  # the first finish ends it
+        k = min(k, math.floor((horizon - self.now) / duration))
+        k = min(k, self._steps_blocks_last(k))
+        if k < 2:
+            return False
+        self._apply_decode(k, duration)
+        return True
+
+    def _admissible(self, req: Request) -> bool:
+        bs = self.config.block_size
+        hits = self._prefix_hits(req)
+        evictable = sum(1 for key in hits if self.pool.refs[key] == 0)
+        need = _cdiv(min(req.num_tokens, self.config.max_model_len), bs) - len(hits)
+        return need + evictable <= self.pool.num_free
+
+    def _steps_blocks_last(self, k: int) -> int:
+        """The largest j ≤ k for which j decode steps need no more blocks than are free."""
+        bs = self.config.block_size
+        free = self.pool.num_free
+
+        def need(j: int) -> int:
+            total = 0
+            for req in self.running:
+                c = req.num_computed  # the next step computes token position c
+                total += _cdiv(c + j, bs) - req.held_blocks
+            return total
+
+        if need(k) <= free:
+            return k
+        lo, hi = 0, k
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _apply_decode(self, k: int, duration: float) -> None:
+        bs = self.config.block_size
+        stats = self.stats
+        n = len(self.running)
+        for req in self.running:
+            new_blocks = _cdiv(req.num_computed + k, bs) - req.held_blocks
+            if new_blocks > 0:
+                self.pool.take(new_blocks)
+                req.plain_blocks += new_blocks
+            req.num_computed += k
+            req.output += k
+            req.last_token = self.now + k * duration
+            if req.pending_preemption_events:
+                stats.preemptions += req.pending_preemption_events
+                req.pending_preemption_events = 0
+        self.now += k * duration
+        self.steps += k
+        stats.generation_tokens += n * k
+        stats.itl.observe(duration, n * k)
+        stats.iteration_tokens.observe(n, k)
+        for req in [r for r in self.running if r.output >= r.max_tokens]:
+            self._finish(req)

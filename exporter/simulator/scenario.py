@@ -1,0 +1,355 @@
+"""Scenarios: a deployment and the traffic it meets, declared in YAML.
+
+```yaml
+name: ramp-to-overload
+description: traffic grows until the cache cannot hold it
+expect: overload            # or safe: what the alert benchmark should see
+duration: 30m
+seed: 7
+deployment: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: L4, max_model_len: 8192}
+engine: {step_base: 10ms, per_prefill_token: 40us, per_decode_seq: 150us}
+phases:
+  - duration: 10m
+    rate: 0.2               # requests per second, Poisson
+    rate_to: 1.5            # optional: ramps linearly to this over the phase
+    prompt: {median: 800, sigma: 0.6, max: 6000}     # lognormal, capped
+    generation: {median: 300, sigma: 0.7, max: 2000}
+    n: 1                    # parallel sampling
+    shared_prefix: {tokens: 512, groups: 4}          # optional
+    burst: {count: 40, over: 5s}                     # optional, at the phase start
+foreign_memory: [{at: 20m, bytes: 6GiB}]             # another process on the GPU
+```
+
+or, instead of ``phases``, ``closed_loop: {concurrency: 20, requests: 40, prompt: …,
+generation: …}`` — a fixed number of clients that each send the next request when their
+previous one finishes. Pure: parsing takes the text; sampling takes a seeded RNG.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from exporter.capacity.gpus import parse_bytes
+from exporter.errors import InputError
+
+_DURATION = re.compile(
+    r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?(?:(\d+(?:\.\d+)?)us)?$"
+)
+
+
+def parse_duration(value: object, where: str, key: str) -> float:
+    """``"1m30s"``, ``"500ms"``, ``"40us"`` or a number of seconds → seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value.strip())) and value.strip():
+        h, mins, s, ms, us = (float(g) if g else 0.0 for g in m.groups())
+        seconds = h * 3600 + mins * 60 + s + ms / 1e3 + us / 1e6
+    else:
+        raise InputError(where, key, value, "must be a duration like 30s, 10m, 500ms")
+    if seconds < 0:
+        raise InputError(where, key, value, "must not be negative")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token counts: lognormal (median, sigma) or uniform (min..max) or a fixed value."""
+
+    median: float | None = None
+    sigma: float = 0.0
+    low: int = 1
+    high: int = 1_000_000
+
+    def sample(self, rng: random.Random) -> int:
+        if self.median is None:
+            return rng.randint(self.low, self.high)
+        value = (
+            self.median * math.exp(self.sigma * rng.gauss(0.0, 1.0)) if self.sigma else self.median
+        )
+        return max(self.low, min(self.high, round(value)))
+
+
+@dataclass(frozen=True)
+class Phase:
+    duration: float
+    rate: float
+    rate_to: float | None
+    prompt: Lengths
+    generation: Lengths
+    n: int = 1
+    prefix_tokens: int = 0
+    prefix_groups: int = 0
+    burst_count: int = 0
+    burst_over: float = 0.0
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    concurrency: int
+    requests: int
+    prompt: Lengths
+    generation: Lengths
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    expect: str  # overload | safe
+    duration: float
+    seed: int
+    deployment: Mapping[str, Any]
+    engine: Mapping[str, float]
+    phases: tuple[Phase, ...] = ()
+    closed_loop: ClosedLoop | None = None
+    foreign_memory: tuple[tuple[float, int], ...] = ()
+    source: str = ""
+
+    def foreign_bytes_at(self, t: float) -> int:
+        current = 0
+        for at, nbytes in self.foreign_memory:
+            if t >= at:
+                current = nbytes
+        return current
+
+
+@dataclass(frozen=True)
+class Arrival:
+    time: float
+    prompt: int
+    generation: int
+    n: int = 1
+    prefix_key: int | None = None
+    prefix_len: int = 0
+
+
+def arrivals(scenario: Scenario) -> Iterator[Arrival]:
+    """Open-loop arrivals, in time order: Poisson within each phase (rate ramping), bursts."""
+    rng = random.Random(scenario.seed)
+    start = 0.0
+    for index, phase in enumerate(scenario.phases):
+        end = start + phase.duration
+        batch: list[Arrival] = []
+        for b in range(phase.burst_count):
+            t = start + (phase.burst_over * b / max(1, phase.burst_count))
+            batch.append(_request(rng, t, phase, index))
+        t = start
+        while True:
+            rate = phase.rate
+            if phase.rate_to is not None and phase.duration > 0:
+                rate = phase.rate + (phase.rate_to - phase.rate) * (t - start) / phase.duration
+            if rate <= 0:
+                break
+            t += rng.expovariate(rate)
+            if t >= end:
+                break
+            batch.append(_request(rng, t, phase, index))
+        yield from sorted(batch, key=lambda a: a.time)
+        start = end
+
+
+def _request(rng: random.Random, t: float, phase: Phase, index: int) -> Arrival:
+    prompt = phase.prompt.sample(rng)
+    key, shared = None, 0
+    if phase.prefix_groups and phase.prefix_tokens:
+        key = 1_000 * (index + 1) + rng.randrange(phase.prefix_groups)
+        shared = min(phase.prefix_tokens, prompt)
+    return Arrival(t, prompt, phase.generation.sample(rng), phase.n, key, shared)
+
+
+def closed_loop_requests(scenario: Scenario) -> list[tuple[int, int]]:
+    loop = scenario.closed_loop
+    assert loop is not None
+    rng = random.Random(scenario.seed)
+    return [(loop.prompt.sample(rng), loop.generation.sample(rng)) for _ in range(loop.requests)]
+
+
+# -- parsing ------------------------------------------------------------------------------
+
+_TOP = {
+    "name",
+    "description",
+    "expect",
+    "duration",
+    "seed",
+    "deployment",
+    "engine",
+    "phases",
+    "closed_loop",
+    "foreign_memory",
+}
+_PHASE = {"duration", "rate", "rate_to", "prompt", "generation", "n", "shared_prefix", "burst"}
+_ENGINE = {
+    "step_base": "step_base_s",
+    "per_prefill_token": "per_prefill_token_s",
+    "per_decode_seq": "per_decode_seq_s",
+}
+DEPLOYMENT_KEYS = {
+    "model",
+    "gpu",
+    "vllm_version",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "kv_cache_dtype",
+    "num_gpu_blocks_override",
+    "kv_cache_memory_bytes",
+    "enable_prefix_caching",
+    "tensor_parallel_size",
+}
+
+
+def _mapping(value: object, where: str, key: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(where, key, value, "must be a mapping")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise InputError(
+            where,
+            f"{key}.{unknown[0]}" if key else unknown[0],
+            None,
+            f"unknown key; valid: {', '.join(sorted(allowed))}",
+        )
+    return value
+
+
+def _number(value: object, where: str, key: str, *, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(where, key, value, "must be a number")
+    if value < 0 or (integer and not float(value).is_integer()):
+        raise InputError(
+            where, key, value, "must be a non-negative " + ("integer" if integer else "number")
+        )
+    return float(value)
+
+
+def _lengths(value: object, where: str, key: str) -> Lengths:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Lengths(float(value), 0.0, value, value)
+    m = _mapping(value, where, key, {"median", "sigma", "min", "max", "value"})
+    if "value" in m:
+        v = int(_number(m["value"], where, f"{key}.value", integer=True))
+        return Lengths(float(v), 0.0, v, v)
+    low = int(_number(m.get("min", 1), where, f"{key}.min", integer=True))
+    high = int(_number(m.get("max", 1_000_000), where, f"{key}.max", integer=True))
+    if low > high:
+        raise InputError(where, f"{key}.min", low, f"is above {key}.max ({high})")
+    median = m.get("median")
+    if median is None:
+        if "max" not in m:
+            raise InputError(where, key, dict(m), "give median (lognormal) or min and max")
+        return Lengths(None, 0.0, low, high)
+    return Lengths(
+        _number(median, where, f"{key}.median"),
+        _number(m.get("sigma", 0.0), where, f"{key}.sigma"),
+        low,
+        high,
+    )
+
+
+def parse_scenario(text: str, where: str) -> Scenario:
+    """A scenario from YAML; every problem is an InputError naming the file and key."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise InputError(where, "", None, f"is not valid YAML{at}") from None
+    top = _mapping(doc, where, "", _TOP)
+    name = str(top.get("name") or where)
+    expect = str(top.get("expect", "safe"))
+    if expect not in ("safe", "overload"):
+        raise InputError(where, "expect", expect, "must be safe or overload")
+    deployment = _mapping(top.get("deployment", {}), where, "deployment", DEPLOYMENT_KEYS)
+    engine_raw = _mapping(top.get("engine", {}), where, "engine", set(_ENGINE))
+    engine = {_ENGINE[k]: parse_duration(v, where, f"engine.{k}") for k, v in engine_raw.items()}
+    phases = []
+    for i, raw in enumerate(top.get("phases") or []):
+        p = _mapping(raw, where, f"phases[{i}]", _PHASE)
+        key = f"phases[{i}]"
+        prefix = _mapping(
+            p.get("shared_prefix", {}), where, f"{key}.shared_prefix", {"tokens", "groups"}
+        )
+        burst = _mapping(p.get("burst", {}), where, f"{key}.burst", {"count", "over"})
+        phases.append(
+            Phase(
+                duration=parse_duration(p.get("duration", 0), where, f"{key}.duration"),
+                rate=_number(p.get("rate", 0.0), where, f"{key}.rate"),
+                rate_to=_number(p["rate_to"], where, f"{key}.rate_to") if "rate_to" in p else None,
+                prompt=_lengths(
+                    p.get("prompt", {"median": 500, "sigma": 0.5}), where, f"{key}.prompt"
+                ),
+                generation=_lengths(
+                    p.get("generation", {"median": 200, "sigma": 0.5}), where, f"{key}.generation"
+                ),
+                n=max(1, int(_number(p.get("n", 1), where, f"{key}.n", integer=True))),
+                prefix_tokens=int(
+                    _number(
+                        prefix.get("tokens", 0), where, f"{key}.shared_prefix.tokens", integer=True
+                    )
+                ),
+                prefix_groups=int(
+                    _number(
+                        prefix.get("groups", 0), where, f"{key}.shared_prefix.groups", integer=True
+                    )
+                ),
+                burst_count=int(
+                    _number(burst.get("count", 0), where, f"{key}.burst.count", integer=True)
+                ),
+                burst_over=parse_duration(burst.get("over", 0), where, f"{key}.burst.over"),
+            )
+        )
+    closed = None
+    if "closed_loop" in top:
+        c = _mapping(
+            top["closed_loop"],
+            where,
+            "closed_loop",
+            {"concurrency", "requests", "prompt", "generation"},
+        )
+        closed = ClosedLoop(
+            concurrency=int(
+                _number(c.get("concurrency", 1), where, "closed_loop.concurrency", integer=True)
+            ),
+            requests=int(
+                _number(c.get("requests", 1), where, "closed_loop.requests", integer=True)
+            ),
+            prompt=_lengths(c.get("prompt", 500), where, "closed_loop.prompt"),
+            generation=_lengths(c.get("generation", 200), where, "closed_loop.generation"),
+        )
+    if not phases and closed is None:
+        raise InputError(where, "phases", None, "a scenario needs phases or closed_loop")
+    total = sum(p.duration for p in phases)
+    duration = parse_duration(top.get("duration", total or 600), where, "duration")
+    foreign = []
+    for i, raw in enumerate(top.get("foreign_memory") or []):
+        f = _mapping(raw, where, f"foreign_memory[{i}]", {"at", "bytes"})
+        size = f.get("bytes", 0)
+        nbytes = (
+            int(size)
+            if isinstance(size, int)
+            else parse_bytes(str(size), f"{where}: foreign_memory[{i}].bytes")
+        )
+        foreign.append((parse_duration(f.get("at", 0), where, f"foreign_memory[{i}].at"), nbytes))
+    return Scenario(
+        name=name,
+        description=str(top.get("description", "")),
+        expect=expect,
+        duration=duration,
+        seed=int(_number(top.get("seed", 0), where, "seed", integer=True)),
+        deployment=dict(deployment),
+        engine=engine,
+        phases=tuple(phases),
+        closed_loop=closed,
+        foreign_memory=tuple(sorted(foreign)),
+        source=where,
+    )

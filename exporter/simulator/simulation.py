@@ -1,0 +1,217 @@
+"""A scenario running on the engine: the deployment sized by the capacity engine, the
+traffic fed in at its arrival times, and the GPU as NVML would show it.
+
+The same object runs on a virtual clock (``advance_to`` as fast as Python goes: the
+alert benchmark, tests) or behind the HTTP server on a real clock (``demo``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from importlib import resources
+
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import GIB, Gpu, lookup_gpu
+from exporter.capacity.plan import Plan, PlanRequest, plan
+from exporter.capacity.releases import release
+from exporter.errors import InputError
+from exporter.simulator.engine import Engine, EngineConfig, Request
+from exporter.simulator.page import cache_config_labels, render_page
+from exporter.simulator.scenario import (
+    Arrival,
+    Scenario,
+    arrivals,
+    closed_loop_requests,
+    parse_scenario,
+)
+from exporter.sources.model_dir import load_model
+
+# What vLLM's process holds on a GPU outside its budget (the CUDA context), and the
+# driver's reserve that NVML counts in memory.total but CUDA does not.
+CUDA_CONTEXT_BYTES = GIB // 2
+NVML_RESERVE_BYTES = 466 << 20
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("exporter.simulator").joinpath("scenarios")
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a scenario file."""
+    folder = resources.files("exporter.simulator").joinpath("scenarios")
+    builtin = folder.joinpath(f"{name_or_path}.yaml")
+    if builtin.is_file():
+        return parse_scenario(builtin.read_text("utf-8"), f"scenario:{name_or_path}")
+    from pathlib import Path
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(
+            "--scenario",
+            "",
+            name_or_path,
+            f"neither a file nor a built-in scenario ({', '.join(builtin_names())})",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(str(path), "", None, f"cannot be read: {e.strerror}") from None
+    return parse_scenario(text, str(path))
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The simulated server: what vLLM would have sized for the scenario's deployment."""
+
+    plan: Plan
+    model_name: str
+    gpu: Gpu
+    cache_config: dict[str, str]
+
+
+def size(scenario: Scenario) -> Sizing:
+    d = scenario.deployment
+    where = scenario.source or scenario.name
+    model_spec = str(d.get("model", "meta-llama/Llama-3.1-8B-Instruct"))
+    source = load_model(model_spec)
+    arch = parse_config(source.config, source.config_path, name=source.name)
+    gpu = lookup_gpu(str(d.get("gpu", "H100-80GB")))
+    req = PlanRequest(
+        arch=arch,
+        model_name=source.name,
+        gpu=gpu,
+        release=release(str(d.get("vllm_version", "0.32.0")), f"{where}: deployment.vllm_version"),
+        gpu_memory_utilization=d.get("gpu_memory_utilization"),
+        tensor_parallel_size=int(d.get("tensor_parallel_size", 1)),
+        kv_cache_dtype=str(d.get("kv_cache_dtype", "auto")),
+        block_size=d.get("block_size"),
+        max_model_len=d.get("max_model_len"),
+        max_num_seqs=d.get("max_num_seqs"),
+        max_num_batched_tokens=d.get("max_num_batched_tokens"),
+        kv_cache_memory_bytes=d.get("kv_cache_memory_bytes"),
+        num_gpu_blocks_override=d.get("num_gpu_blocks_override"),
+        weights_bytes=source.weights_bytes,
+        weights_source=source.weights_source or "estimate",
+    )
+    sized = plan(req)
+    if sized.startup_failure is not None:
+        raise InputError(
+            where, "deployment", None, f"vLLM would not start: {sized.startup_failure.message}"
+        )
+    kv_memory = d.get("kv_cache_memory_bytes")
+    labels_engine = Engine(_engine_config(scenario, sized))
+    cache_config = cache_config_labels(
+        labels_engine,
+        cache_dtype=str(d.get("kv_cache_dtype", "auto")),
+        gpu_memory_utilization=sized.utilization,
+        kv_cache_memory_bytes=int(kv_memory) if kv_memory is not None else None,
+        num_gpu_blocks_override=d.get("num_gpu_blocks_override"),
+        kv_cache_size_tokens=sized.cap.capacity_tokens,
+        kv_cache_max_concurrency=sized.cap.max_concurrency,
+    )
+    return Sizing(sized, source.name, gpu, cache_config)
+
+
+def _engine_config(scenario: Scenario, sized: Plan) -> EngineConfig:
+    d = scenario.deployment
+    return EngineConfig(
+        num_blocks=sized.cap.num_blocks,
+        block_size=sized.block_size,
+        max_num_seqs=sized.max_num_seqs,
+        max_num_batched_tokens=sized.max_num_batched_tokens,
+        max_model_len=sized.max_model_len,
+        enable_prefix_caching=bool(d.get("enable_prefix_caching", True)),
+        **scenario.engine,
+    )
+
+
+class Simulation:
+    """One scenario on one engine. ``advance_to(t)`` is the only way time moves."""
+
+    def __init__(self, scenario: Scenario, *, start_time: float = 0.0) -> None:
+        self.scenario = scenario
+        self.sizing = size(scenario)
+        self.start_time = start_time
+        self.engine = Engine(_engine_config(scenario, self.sizing.plan), start=0.0)
+        self._arrivals: Iterator[Arrival] = arrivals(scenario)
+        self._next: Arrival | None = next(self._arrivals, None)
+        self._closed: deque[tuple[int, int]] = deque()
+        if scenario.closed_loop is not None:
+            self._closed.extend(closed_loop_requests(scenario))
+            for _ in range(scenario.closed_loop.concurrency):
+                self._submit_closed()
+            self.engine.on_finish = self._on_finish
+
+    def _submit_closed(self) -> None:
+        if self._closed:
+            prompt, generation = self._closed.popleft()
+            self.engine.submit(prompt, generation)
+
+    def _on_finish(self, _req: Request) -> None:
+        self._submit_closed()
+
+    @property
+    def now(self) -> float:
+        """Seconds since the scenario started."""
+        return self.engine.now
+
+    @property
+    def done(self) -> bool:
+        idle = not self.engine.running and not self.engine.waiting
+        return self.now >= self.scenario.duration or (
+            idle and self._next is None and not self._closed
+        )
+
+    def advance_to(self, t: float) -> None:
+        engine = self.engine
+        while self._next is not None and self._next.time <= t:
+            arrival = self._next
+            engine.run_until(arrival.time, next_arrival=arrival.time)
+            engine.submit(
+                arrival.prompt,
+                arrival.generation,
+                n=arrival.n,
+                prefix_key=arrival.prefix_key,
+                prefix_len=arrival.prefix_len,
+                at=arrival.time,
+            )
+            self._next = next(self._arrivals, None)
+        engine.run_until(t, next_arrival=self._next.time if self._next else None)
+
+    def page(self) -> str:
+        return render_page(
+            self.engine,
+            model_name=self.sizing.model_name,
+            cache_config=self.sizing.cache_config,
+            start_time=self.start_time,
+        )
+
+    # -- the GPU as NVML sees it ----------------------------------------------------------
+
+    def gpu_memory(self) -> tuple[int, int, int]:
+        """(NVML total, NVML used, CUDA total) at the current time."""
+        p = self.sizing.plan
+        cuda_total = self.sizing.gpu.total_bytes or 80 * GIB
+        vllm_bytes = (
+            p.tightest.requested
+            if p.request.kv_cache_memory_bytes is None
+            else p.tightest.weights + p.tightest.overhead + p.kv_budget_bytes
+        )
+        used = vllm_bytes + CUDA_CONTEXT_BYTES + self.scenario.foreign_bytes_at(self.now)
+        nvml_total = cuda_total + NVML_RESERVE_BYTES
+        return nvml_total, min(used, nvml_total), cuda_total
+
+
+def with_overrides(scenario: Scenario, **deployment: object) -> Scenario:
+    return replace(scenario, deployment={**scenario.deployment, **deployment})
+
+
+def sample_times(duration: float, every: float) -> Iterator[float]:
+    for i in range(1, math.floor(duration / every) + 1):
+        yield i * every

