@@ -1,0 +1,49 @@
+"""``kv-headroom demo`` runs end to end without a GPU or vLLM, from a fresh install too."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+from tests.sidecar.conftest import unused_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_demo(python: str, seconds: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-m", "exporter", "demo", "--duration", f"{seconds}s", "--plain",
+         "--listen", f"127.0.0.1:{unused_port()}", "--poll-interval", "1s"],
+        capture_output=True, text=True, timeout=seconds + 60, check=False, cwd=cwd,
+    )  # fmt: skip
+
+
+def test_demo_runs_non_interactively_and_stops_by_itself() -> None:
+    proc = run_demo(sys.executable, 8, ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "sidecar metrics  http://127.0.0.1:" in proc.stdout
+    usages = [float(u) for u in re.findall(r"usage=([\d.]+)%", proc.stdout)]
+    assert usages
+    assert max(usages) > 0  # the simulated server is serving traffic
+    assert proc.stdout.rstrip().endswith("stopped.")
+    assert "Traceback" not in proc.stderr
+
+
+def test_demo_works_in_a_fresh_venv_after_the_readme_install(tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = str(env_dir / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", str(ROOT)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-2000:]
+    proc = run_demo(python, 30, tmp_path)  # run outside the checkout: the installed package
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"preemptions=\d+", proc.stdout)
+    assert proc.stdout.rstrip().endswith("stopped.")
