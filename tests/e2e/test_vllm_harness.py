@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.e2e import vllm_harness
+from tests.e2e.conftest import OverloadRun
 from tests.e2e.vllm_harness import (
     PREEMPTIONS,
     SUCCESS,
@@ -195,14 +196,14 @@ async def test_drive_wants_an_idle_server(
 
 
 @pytest.mark.vllm
-async def test_preempting_workload(vllm_tiny: VllmServer) -> None:
-    requests = workload(seed=0, count=40, prompt=(200, 600), generation=(300, 800))
-    result = await drive(vllm_tiny.url, requests, concurrency=20, model=vllm_tiny.model)
+def test_preempting_workload(overload_run: OverloadRun) -> None:
+    requests, result = overload_run.requests, overload_run.result
 
     first = result.first_preemption_at
+    bound = drive_bound(requests, overload_run.concurrency)
     summary = (
         f"preemptions={result.preemptions:g} peak_usage={result.peak_usage:.3f} "
-        f"duration={result.duration:.1f}s (bound {drive_bound(requests, 20):.0f}s) "
+        f"duration={result.duration:.1f}s (bound {bound:.0f}s) "
         f"samples={len(result.samples)} first_counted_preemption_after="
         + (f"{first - result.started_at:.1f}s" if first is not None else "never")
     )
