@@ -72,6 +72,11 @@ METRICS: tuple[Spec, ...] = (
     Spec("recommended_max_num_seqs", "gauge", _E, "The most sequences that fit at the observed p95 context.", "sequences", "derived"),
     Spec("prefix_cache_hit_ratio", "gauge", _E, "Prompt tokens served from the prefix cache over the window, 0-1.", "ratio", "vLLM"),
     Spec("prefix_cache_extra_sequences", "gauge", _E, "Extra p95 sequences that fit when the hit share of each prompt is shared.", "sequences", "derived"),
+    # risk
+    Spec("overcommit_ratio", "gauge", _E, "Expected remaining growth of the running sequences (committed_tokens) over the free KV tokens; above 1 the running batch will not fit.", "ratio", "risk model"),
+    Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
+    Spec("seconds_to_exhaustion", "gauge", _E, "Free KV tokens over the growth of used tokens (trend over the last minute); +Inf when not growing.", "seconds", "risk model"),
+    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and waiting queue vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
     # gpu
     Spec("gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory total (NVML).", "bytes", "NVML"),
     Spec("gpu_memory_used_bytes", "gauge", ("gpu",), "GPU memory used by every process (NVML).", "bytes", "NVML"),
@@ -257,6 +262,11 @@ class SnapshotCollector:
         f.add("recommended_max_num_seqs", [e], v.recommended_max_num_seqs)
         f.add("prefix_cache_hit_ratio", [e], v.prefix_cache_hit_ratio)
         f.add("prefix_cache_extra_sequences", [e], v.prefix_cache_extra_sequences)
+        if v.risk is not None:
+            f.add("overcommit_ratio", [e], v.risk.overcommit_ratio)
+            f.add("committed_tokens", [e], v.risk.committed_tokens)
+            f.add("seconds_to_exhaustion", [e], v.risk.seconds_to_exhaustion)
+            f.add("preemption_risk", [e], v.risk.preemption_risk)
 
     @staticmethod
     def _info(f: _Families, snap: Snapshot) -> None:

@@ -101,6 +101,7 @@ class Observation:
     time: float
     page: VllmPage | None
     totals: Mapping[str, Totals] = field(default_factory=dict)
+    epoch: int = 0  # counts vLLM restarts seen: trends never span one
 
 
 class History:

@@ -106,6 +106,7 @@ class Poller:
         self._last_deployment: Mapping[str, object] = {}
         self._last_expected_note = ""
         self._start_time: float | None = None
+        self._epoch = 0
         self.snapshot = self._empty_snapshot()
         self.rendered = render(self.snapshot)
         self.polls = 0
@@ -291,7 +292,7 @@ class Poller:
 
     def _observe(self, now: float, page: VllmPage | None) -> Observation:
         if page is None:
-            return Observation(now, None, dict(self._totals))
+            return Observation(now, None, dict(self._totals), self._epoch)
         if (
             self._start_time is not None
             and page.process_start_time is not None
@@ -305,10 +306,11 @@ class Poller:
                 self._on_restart(now, f"engine {raw.engine}: counters went backwards")
             self._totals[raw.engine] = advance(self._totals.get(raw.engine), before, raw)
             self._raw[raw.engine] = raw
-        return Observation(now, page, dict(self._totals))
+        return Observation(now, page, dict(self._totals), self._epoch)
 
     def _on_restart(self, now: float, reason: str) -> None:
         self._log.info("vllm_restarted", reason=reason)
+        self._epoch += 1
         self._card_due = self._scan_due = now  # flags and model may have changed with it
 
     def _resolve(self) -> Resolved:

@@ -23,13 +23,15 @@ from exporter.capacity.live import (
 from exporter.capacity.plan import Plan
 from exporter.capacity.releases import Release, TokenLine
 from exporter.deployment import Resolved, label_value
-from exporter.observe import History, Totals
+from exporter.observe import History, Observation, Totals
+from exporter.risk.model import Inputs, Point, Risk, assess
 from exporter.sources.vllm_page import EngineMetrics
 
 GIB = 1 << 30
 # What vLLM uses on a GPU outside its budget: the CUDA context (≈0.5 GiB on H100s),
 # and before 0.20 the CUDA-graph pool too (not subtracted from the budget then).
 CUDA_CONTEXT_BYTES = GIB // 2
+RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class EngineView:
     prefix_cache_hit_ratio: float | None
     prefix_cache_extra_sequences: int | None
     stale: bool  # vLLM did not answer this poll: load figures are withheld
+    risk: Risk | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ def engine_view(
     deployment: Resolved,
     plan: Plan | None,
     max_model_len: int | None,
+    recent: Sequence[Observation] = (),
 ) -> EngineView:
     cc = raw.cache_config or {}
     num_blocks = label_value(cc.get("num_gpu_blocks"), int)
@@ -206,6 +210,24 @@ def engine_view(
         per = blocks_per_sequence(layout, occupancy.block_size, stats.quantiles["p95"] - shared)
         extra = occupancy.usable_blocks // per - at_p95
 
+    risk = None
+    if not stale and occupancy is not None and recent:
+        risk = assess(
+            Inputs(
+                points=_points(recent, raw.engine),
+                capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
+                block_size=occupancy.block_size,
+                max_num_seqs=max_num_seqs,
+                prompt=prompt,
+                generation=generation,
+                sequences_per_request=seqs_per_request,
+                recent_prompt=_recent_histogram(recent, raw.engine, now_totals, "prompt_len"),
+                recent_generation=_recent_histogram(
+                    recent, raw.engine, now_totals, "generation_len"
+                ),
+            )
+        )
+
     return EngineView(
         engine=raw.engine,
         model_name=raw.model_name,
@@ -230,7 +252,45 @@ def engine_view(
         prefix_cache_hit_ratio=hit_ratio,
         prefix_cache_extra_sequences=extra,
         stale=stale,
+        risk=risk,
     )
+
+
+RISK_MIX_SECONDS = 180.0  # the traffic mix the risk model projects is this recent
+
+
+def _recent_histogram(
+    recent: Sequence[Observation], engine: str, now: Totals | None, name: str
+) -> Histogram | None:
+    if now is None or not recent:
+        return None
+    cutoff = recent[-1].time - RISK_MIX_SECONDS
+    start = next((o for o in recent if o.time >= cutoff), None)
+    then = start.totals.get(engine) if start is not None else None
+    delta = histogram_delta(getattr(now, name), getattr(then, name) if then else None)
+    return delta if delta is not None and delta.count > 0 else None
+
+
+def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
+    """The risk model's view of one engine over the recent observations it answered in."""
+    out = []
+    for obs in recent:
+        raw = obs.page.engine(engine) if obs.page is not None else None
+        totals = obs.totals.get(engine)
+        if raw is None or totals is None or raw.kv_usage is None:
+            continue
+        out.append(
+            Point(
+                obs.time,
+                raw.kv_usage,
+                raw.running or 0.0,
+                raw.waiting or 0.0,
+                totals.requests_finished,
+                totals.generation_tokens,
+                obs.epoch,
+            )
+        )
+    return out
 
 
 def engine_views(
@@ -242,6 +302,7 @@ def engine_views(
     stale = latest.page is None
     start = history.at_or_after(latest.time - window_seconds)
     max_model_len = deployment.int_("max_model_len") or (plan.max_model_len if plan else None)
+    recent = history.recent(latest.time - RISK_HISTORY_SECONDS)
     return tuple(
         engine_view(
             raw,
@@ -251,6 +312,7 @@ def engine_views(
             deployment=deployment,
             plan=plan,
             max_model_len=max_model_len,
+            recent=recent,
         )
         for raw in good.page.engines
     )

@@ -27,6 +27,9 @@ class Gpu:
     family: str  # ampere, ada, hopper, blackwell, volta, turing, cdna3, cpu, unknown
     source: str  # where the figure comes from
     aliases: tuple[str, ...] = ()
+    # Datasheet figures, used only to give the simulator realistic step times.
+    memory_bandwidth: float = 1.0e12  # bytes/s
+    bf16_flops: float = 100e12  # dense tensor FLOP/s
 
     @property
     def platform(self) -> str:
@@ -51,6 +54,8 @@ CATALOGUE: tuple[Gpu, ...] = (
             "h100",
             "h100-sxm-80gb",
         ),
+        memory_bandwidth=3.35e12,
+        bf16_flops=9.89e14,
     ),
     Gpu(
         "H100-PCIe-80GB",
@@ -58,6 +63,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "hopper",
         "PyTorch total 79.19 GiB",
         ("nvidia h100 pcie", "h100 pcie"),
+        memory_bandwidth=2e12,
+        bf16_flops=7.56e14,
     ),
     Gpu(
         "H100-NVL-94GB",
@@ -65,6 +72,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "hopper",
         "CUDA total 99,960,750,080 B (93.10 GiB)",
         ("nvidia h100 nvl", "h100 nvl", "h100 94gb"),
+        memory_bandwidth=3.9e12,
+        bf16_flops=8.35e14,
     ),
     Gpu(
         "H200-141GB",
@@ -72,14 +81,26 @@ CATALOGUE: tuple[Gpu, ...] = (
         "hopper",
         "PyTorch total 139.80 GiB",
         ("nvidia h200", "h200 sxm 141gb", "h200"),
+        memory_bandwidth=4.8e12,
+        bf16_flops=9.89e14,
     ),
-    Gpu("H20-96GB", _gib(95.00), "hopper", "PyTorch total 95.00 GiB", ("nvidia h20", "h20")),
+    Gpu(
+        "H20-96GB",
+        _gib(95.00),
+        "hopper",
+        "PyTorch total 95.00 GiB",
+        ("nvidia h20", "h20"),
+        memory_bandwidth=4e12,
+        bf16_flops=1.48e14,
+    ),
     Gpu(
         "GH200-96GB",
         102005473280,
         "hopper",
         "CUDA total 102,005,473,280 B (95.00 GiB)",
         ("nvidia gh200 480gb", "gh200 96gb hbm3"),
+        memory_bandwidth=4e12,
+        bf16_flops=9.89e14,
     ),
     Gpu(
         "B200",
@@ -87,6 +108,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "blackwell",
         "PyTorch total 178.35 GiB",
         ("nvidia b200", "b200 180gb", "b200 sxm"),
+        memory_bandwidth=8e12,
+        bf16_flops=2.25e15,
     ),
     Gpu(
         "A100-SXM4-80GB",
@@ -94,6 +117,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 85,100,068,864 B (79.26 GiB)",
         ("nvidia a100-sxm4-80gb", "a100 80gb sxm", "a100-80gb"),
+        memory_bandwidth=2.039e12,
+        bf16_flops=3.12e14,
     ),
     Gpu(
         "A100-PCIE-40GB",
@@ -101,6 +126,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 42,406,903,808 B (39.49 GiB)",
         ("nvidia a100-pcie-40gb", "a100 40gb pcie"),
+        memory_bandwidth=1.555e12,
+        bf16_flops=3.12e14,
     ),
     Gpu(
         "A100-SXM4-40GB",
@@ -108,6 +135,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 42,298,834,944 B (39.39 GiB)",
         ("nvidia a100-sxm4-40gb", "a100 40gb sxm", "a100-40gb"),
+        memory_bandwidth=1.555e12,
+        bf16_flops=3.12e14,
     ),
     Gpu(
         "L40S",
@@ -115,14 +144,26 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ada",
         "CUDA total 47,803,596,800 B (44.52 GiB)",
         ("nvidia l40s", "l40s 48gb"),
+        memory_bandwidth=8.64e11,
+        bf16_flops=3.62e14,
     ),
-    Gpu("L40", _gib(44.40), "ada", "PyTorch total 44.40 GiB", ("nvidia l40", "l40 48gb")),
+    Gpu(
+        "L40",
+        _gib(44.40),
+        "ada",
+        "PyTorch total 44.40 GiB",
+        ("nvidia l40", "l40 48gb"),
+        memory_bandwidth=8.64e11,
+        bf16_flops=1.81e14,
+    ),
     Gpu(
         "L4",
         23570219008,
         "ada",
         "CUDA total 23,570,219,008 B (21.95 GiB)",
         ("nvidia l4", "l4 24gb"),
+        memory_bandwidth=3e11,
+        bf16_flops=1.21e14,
     ),
     Gpu(
         "A10G",
@@ -130,6 +171,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "PyTorch total 22.06 GiB",
         ("nvidia a10g", "a10g 24gb", "aws g5"),
+        memory_bandwidth=6e11,
+        bf16_flops=1.25e14,
     ),
     Gpu(
         "A10",
@@ -137,6 +180,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 23,696,375,808 B (22.07 GiB)",
         ("nvidia a10", "a10 24gb"),
+        memory_bandwidth=6e11,
+        bf16_flops=1.25e14,
     ),
     Gpu(
         "T4",
@@ -144,6 +189,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "turing",
         "CUDA total 15,843,721,216 B (14.76 GiB)",
         ("tesla t4", "nvidia t4", "t4 16gb"),
+        memory_bandwidth=3.2e11,
+        bf16_flops=6.5e13,
     ),
     Gpu(
         "V100-SXM2-16GB",
@@ -151,6 +198,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "volta",
         "CUDA total 16,928,342,016 B (15.77 GiB)",
         ("tesla v100-sxm2-16gb", "v100 16gb"),
+        memory_bandwidth=9e11,
+        bf16_flops=1.25e14,
     ),
     Gpu(
         "V100-SXM2-32GB",
@@ -158,6 +207,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "volta",
         "CUDA total 34,072,559,616 B (31.73 GiB)",
         ("tesla v100-sxm2-32gb", "v100 32gb"),
+        memory_bandwidth=9e11,
+        bf16_flops=1.25e14,
     ),
     Gpu(
         "RTX-4090",
@@ -165,6 +216,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ada",
         "CUDA total 25,386,352,640 B (23.64 GiB, Linux)",
         ("nvidia geforce rtx 4090", "rtx 4090", "4090"),
+        memory_bandwidth=1.008e12,
+        bf16_flops=1.65e14,
     ),
     Gpu(
         "RTX-3090",
@@ -172,6 +225,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 25,327,697,920 B (23.59 GiB)",
         ("nvidia geforce rtx 3090", "rtx 3090", "3090"),
+        memory_bandwidth=9.36e11,
+        bf16_flops=7.1e13,
     ),
     Gpu(
         "RTX-A6000",
@@ -179,6 +234,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "ampere",
         "CUDA total 51,160,023,040 B (47.65 GiB)",
         ("nvidia rtx a6000", "rtx a6000", "a6000"),
+        memory_bandwidth=7.68e11,
+        bf16_flops=1.55e14,
     ),
     Gpu(
         "MI300X",
@@ -186,6 +243,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "cdna3",
         "HIP total 206,141,652,992 B (191.98 GiB)",
         ("amd instinct mi300x", "mi300x 192gb"),
+        memory_bandwidth=5.3e12,
+        bf16_flops=1.307e15,
     ),
     Gpu(
         "MI325X",
@@ -193,6 +252,8 @@ CATALOGUE: tuple[Gpu, ...] = (
         "cdna3",
         "ROCm pool 274,861,129,728 B (PyTorch total not seen)",
         ("amd instinct mi325x", "mi325x 256gb"),
+        memory_bandwidth=6e12,
+        bf16_flops=1.307e15,
     ),
 )
 

@@ -20,7 +20,6 @@ stretches in one go: hours of traffic simulate in seconds.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,10 +81,11 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_model_len: int
     enable_prefix_caching: bool = True
-    # A step's duration: a fixed part, plus per prefill token, plus per decoding sequence.
+    # A step's duration: a fixed part (reading the weights), plus per prefill token
+    # (compute), plus per token of context the step attends to (reading the KV cache).
     step_base_s: float = 0.010
     per_prefill_token_s: float = 0.00004
-    per_decode_seq_s: float = 0.00015
+    per_kv_token_s: float = 0.0000005
 
 
 @dataclass
@@ -220,6 +220,8 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.stats = Stats(config.max_model_len)
         self.steps = 0
+        self.first_preemption_at: float | None = None  # when it happened, not when counted
+        self.preempted = 0  # preemptions as they happen (vLLM's counter lags behind)
         self._next_id = 0
         self.on_finish: Callable[[Request], None] | None = None
 
@@ -312,6 +314,9 @@ class Engine:
         self._execute(scheduled)
 
     def _preempt(self, req: Request) -> None:
+        if self.first_preemption_at is None:
+            self.first_preemption_at = self.now
+        self.preempted += 1
         self.pool.release(req.plain_blocks, req.cached)
         req.plain_blocks = 0
         req.cached = []
@@ -365,19 +370,19 @@ class Engine:
             budget -= new
         return budget
 
-    def _step_duration(self, prefill_tokens: int, decode_seqs: int) -> float:
+    def _step_duration(self, prefill_tokens: int, attended_tokens: int) -> float:
         cfg = self.config
         return (
             cfg.step_base_s
             + cfg.per_prefill_token_s * prefill_tokens
-            + cfg.per_decode_seq_s * decode_seqs
+            + cfg.per_kv_token_s * attended_tokens
         )
 
     def _execute(self, scheduled: list[tuple[Request, int]]) -> None:
         bs = self.config.block_size
         prefill_tokens = sum(n for r, n in scheduled if r.num_computed < r.prompt_len)
-        decode_seqs = len(scheduled) - sum(1 for r, _ in scheduled if r.num_computed < r.prompt_len)
-        duration = self._step_duration(prefill_tokens, decode_seqs)
+        attended = sum(r.num_computed + n for r, n in scheduled)
+        duration = self._step_duration(prefill_tokens, attended)
         self.now += duration
         self.steps += 1
         total = 0
@@ -476,14 +481,32 @@ class Engine:
                 return False  # someone is prefilling
         if self.waiting and len(running) < cfg.max_num_seqs and self._admissible(self.waiting[0]):
             return False
-        duration = self._step_duration(0, len(running))
+        n = len(running)
+        attended = sum(req.num_computed for req in running) + n  # context read by step 0
         k = min(req.max_tokens - req.output for req in running)  # the first finish ends it
-        k = min(k, math.floor((horizon - self.now) / duration))
+        k = min(k, self._steps_within(horizon - self.now, attended, n, k))
         k = min(k, self._steps_blocks_last(k))
         if k < 2:
             return False
-        self._apply_decode(k, duration)
+        self._apply_decode(k, attended)
         return True
+
+    def _steps_within(self, seconds: float, attended: int, n: int, limit: int) -> int:
+        """The most decode steps (≤ limit) that fit in ``seconds``: step j attends to
+        ``attended + j·n`` tokens, so the total time is a quadratic in the step count."""
+        lo, hi = 0, max(0, limit)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._decode_time(mid, attended, n) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _decode_time(self, k: int, attended: int, n: int) -> float:
+        cfg = self.config
+        per_kv = cfg.per_kv_token_s * (k * attended + n * k * (k - 1) / 2)
+        return k * cfg.step_base_s + per_kv
 
     def _admissible(self, req: Request) -> bool:
         bs = self.config.block_size
@@ -515,10 +538,12 @@ class Engine:
                 hi = mid - 1
         return lo
 
-    def _apply_decode(self, k: int, duration: float) -> None:
+    def _apply_decode(self, k: int, attended: int) -> None:
         bs = self.config.block_size
         stats = self.stats
         n = len(self.running)
+        start = self.now
+        end = start + self._decode_time(k, attended, n)
         for req in self.running:
             new_blocks = _cdiv(req.num_computed + k, bs) - req.held_blocks
             if new_blocks > 0:
@@ -526,14 +551,15 @@ class Engine:
                 req.plain_blocks += new_blocks
             req.num_computed += k
             req.output += k
-            req.last_token = self.now + k * duration
+            req.last_token = end
             if req.pending_preemption_events:
                 stats.preemptions += req.pending_preemption_events
                 req.pending_preemption_events = 0
-        self.now += k * duration
+        for j in range(k):
+            stats.itl.observe(self._step_duration(0, attended + j * n), n)
+        self.now = end
         self.steps += k
         stats.generation_tokens += n * k
-        stats.itl.observe(duration, n * k)
         stats.iteration_tokens.observe(n, k)
         for req in [r for r in self.running if r.output >= r.max_tokens]:
             self._finish(req)

@@ -7,7 +7,7 @@ expect: overload            # or safe: what the alert benchmark should see
 duration: 30m
 seed: 7
 deployment: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: L4, max_model_len: 8192}
-engine: {step_base: 10ms, per_prefill_token: 40us, per_decode_seq: 150us}
+engine: {step_base: 75ms, per_prefill_token: 300us}  # optional: else from the GPU
 phases:
   - duration: 10m
     rate: 0.2               # requests per second, Poisson
@@ -16,7 +16,7 @@ phases:
     generation: {median: 300, sigma: 0.7, max: 2000}
     n: 1                    # parallel sampling
     shared_prefix: {tokens: 512, groups: 4}          # optional
-    burst: {count: 40, over: 5s}                     # optional, at the phase start
+    burst: {count: 15, over: 3m, prompt: {median: 5000}}  # optional, from the phase start
 foreign_memory: [{at: 20m, bytes: 6GiB}]             # another process on the GPU
 ```
 
@@ -31,7 +31,7 @@ import math
 import random
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -88,6 +88,8 @@ class Phase:
     prefix_groups: int = 0
     burst_count: int = 0
     burst_over: float = 0.0
+    burst_prompt: Lengths | None = None  # the burst's own lengths, if they differ
+    burst_generation: Lengths | None = None
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,14 @@ def arrivals(scenario: Scenario) -> Iterator[Arrival]:
     for index, phase in enumerate(scenario.phases):
         end = start + phase.duration
         batch: list[Arrival] = []
+        burst = replace(
+            phase,
+            prompt=phase.burst_prompt or phase.prompt,
+            generation=phase.burst_generation or phase.generation,
+        )
         for b in range(phase.burst_count):
             t = start + (phase.burst_over * b / max(1, phase.burst_count))
-            batch.append(_request(rng, t, phase, index))
+            batch.append(_request(rng, t, burst, index))
         t = start
         while True:
             rate = phase.rate
@@ -189,7 +196,7 @@ _PHASE = {"duration", "rate", "rate_to", "prompt", "generation", "n", "shared_pr
 _ENGINE = {
     "step_base": "step_base_s",
     "per_prefill_token": "per_prefill_token_s",
-    "per_decode_seq": "per_decode_seq_s",
+    "per_kv_token": "per_kv_token_s",
 }
 DEPLOYMENT_KEYS = {
     "model",
@@ -279,7 +286,9 @@ def parse_scenario(text: str, where: str) -> Scenario:
         prefix = _mapping(
             p.get("shared_prefix", {}), where, f"{key}.shared_prefix", {"tokens", "groups"}
         )
-        burst = _mapping(p.get("burst", {}), where, f"{key}.burst", {"count", "over"})
+        burst = _mapping(
+            p.get("burst", {}), where, f"{key}.burst", {"count", "over", "prompt", "generation"}
+        )
         phases.append(
             Phase(
                 duration=parse_duration(p.get("duration", 0), where, f"{key}.duration"),
@@ -306,6 +315,12 @@ def parse_scenario(text: str, where: str) -> Scenario:
                     _number(burst.get("count", 0), where, f"{key}.burst.count", integer=True)
                 ),
                 burst_over=parse_duration(burst.get("over", 0), where, f"{key}.burst.over"),
+                burst_prompt=_lengths(burst["prompt"], where, f"{key}.burst.prompt")
+                if "prompt" in burst
+                else None,
+                burst_generation=_lengths(burst["generation"], where, f"{key}.burst.generation")
+                if "generation" in burst
+                else None,
             )
         )
     closed = None

@@ -105,7 +105,7 @@ def size(scenario: Scenario) -> Sizing:
             where, "deployment", None, f"vLLM would not start: {sized.startup_failure.message}"
         )
     kv_memory = d.get("kv_cache_memory_bytes")
-    labels_engine = Engine(_engine_config(scenario, sized))
+    labels_engine = Engine(_engine_config(scenario, sized, gpu))
     cache_config = cache_config_labels(
         labels_engine,
         cache_dtype=str(d.get("kv_cache_dtype", "auto")),
@@ -118,8 +118,23 @@ def size(scenario: Scenario) -> Sizing:
     return Sizing(sized, source.name, gpu, cache_config)
 
 
-def _engine_config(scenario: Scenario, sized: Plan) -> EngineConfig:
+def step_time_model(sized: Plan, gpu: Gpu) -> dict[str, float]:
+    """Step times from the GPU's datasheet: a decode step reads the weights and the KV
+    it attends to (memory-bound, at 75 % of peak bandwidth); prefill tokens cost
+    2 × parameters FLOPs each (at 45 % of peak); 3 ms of scheduling per step."""
+    bandwidth = gpu.memory_bandwidth * 0.75
+    weights = sized.tightest.weights or sized.request.weights_bytes or 0
+    params = weights / 2
+    return {
+        "step_base_s": weights / bandwidth + 0.003,
+        "per_prefill_token_s": 2 * params / (gpu.bf16_flops * 0.45),
+        "per_kv_token_s": sized.kv_bytes_per_token / bandwidth,
+    }
+
+
+def _engine_config(scenario: Scenario, sized: Plan, gpu: Gpu) -> EngineConfig:
     d = scenario.deployment
+    timing = {**step_time_model(sized, gpu), **scenario.engine}
     return EngineConfig(
         num_blocks=sized.cap.num_blocks,
         block_size=sized.block_size,
@@ -127,7 +142,7 @@ def _engine_config(scenario: Scenario, sized: Plan) -> EngineConfig:
         max_num_batched_tokens=sized.max_num_batched_tokens,
         max_model_len=sized.max_model_len,
         enable_prefix_caching=bool(d.get("enable_prefix_caching", True)),
-        **scenario.engine,
+        **timing,
     )
 
 
@@ -138,7 +153,7 @@ class Simulation:
         self.scenario = scenario
         self.sizing = size(scenario)
         self.start_time = start_time
-        self.engine = Engine(_engine_config(scenario, self.sizing.plan), start=0.0)
+        self.engine = Engine(_engine_config(scenario, self.sizing.plan, self.sizing.gpu), start=0.0)
         self._arrivals: Iterator[Arrival] = arrivals(scenario)
         self._next: Arrival | None = next(self._arrivals, None)
         self._closed: deque[tuple[int, int]] = deque()

@@ -679,3 +679,77 @@ async def drive(
         end_text=end_text,
         latencies=latencies,
     )
+
+
+async def drive_ramp(
+    url: str,
+    *,
+    model: str,
+    concurrency: Callable[[float], int],
+    requests: Callable[[random.Random], Request],
+    until: Callable[[Sequence[Sample]], bool],
+    bound: float,
+    seed: int = 0,
+    sample_every: float = 0.5,
+) -> list[Sample]:
+    """Closed-loop clients whose number follows ``concurrency(seconds since start)`` (it may
+    only grow), each sending ``requests(rng)`` one after another, until ``until(samples)``.
+
+    Waits for an idle server first, like :func:`drive`. Samples /metrics every
+    ``sample_every`` seconds (``samples[0]`` is the idle baseline). Raises TimeoutError after
+    ``bound`` seconds; on any exit the requests in flight are cancelled (vLLM aborts them).
+    """
+    base = url.rstrip("/")
+    rng = random.Random(seed)
+    samples: list[Sample] = []
+    sent = itertools.count()
+
+    async def get_metrics(session: aiohttp.ClientSession) -> str:
+        async with session.get(
+            base + "/metrics", timeout=aiohttp.ClientTimeout(total=METRICS_TIMEOUT_S)
+        ) as resp:
+            return await resp.text()
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while True:
+            req, index = requests(rng), next(sent)
+            payload = {
+                "model": model,
+                "prompt": prompt_ids(req.prompt_tokens, index),
+                "max_tokens": req.max_tokens,
+                "ignore_eos": True,
+                "temperature": 0.0,
+            }
+            async with session.post(
+                base + "/v1/completions",
+                json=payload,
+                timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
+            ) as resp:
+                body = await resp.text()
+                if resp.status != 200:
+                    raise RuntimeError(f"{req}: HTTP {resp.status}: {body[:1000]}")
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
+        text = await get_metrics(session)
+        async with asyncio.timeout(IDLE_TIMEOUT_S):
+            while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
+                await asyncio.sleep(0.2)
+                text = await get_metrics(session)
+        samples.append(parse_sample(time.time(), text))
+        start = time.monotonic()
+        clients: list[asyncio.Task[None]] = []
+        try:
+            while not until(samples):
+                while len(clients) < concurrency(time.monotonic() - start):
+                    clients.append(asyncio.create_task(client(session)))
+                failed = [c for c in clients if c.done() and c.exception() is not None]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+                await asyncio.sleep(sample_every)
+                samples.append(parse_sample(time.time(), await get_metrics(session)))
+        finally:
+            for c in clients:
+                c.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
+    return samples

@@ -129,6 +129,21 @@ async def test_restart_with_lower_counters_never_lowers_preemptions(
     assert [e["event"] for e in logs].count("vllm_restarted") >= 1
 
 
+async def test_a_restart_begins_a_new_epoch_of_the_risk_models_history(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll(times=20)
+    fake_vllm.page = fake_vllm.page.replace(
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 29.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tinyllama"} 0.0',
+    )  # restarted: counters from zero
+    await rig.poll()
+    # The model only looks at the latest epoch: trends never span the restart.
+    assert rig.poller.history.latest is not None
+    assert rig.poller.history.latest.epoch == 1
+
+
 async def test_a_failure_is_logged_once_not_every_poll(
     fake_vllm: FakeVllm, make_rig: MakeRig
 ) -> None:

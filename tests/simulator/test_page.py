@@ -30,7 +30,7 @@ def shape(text: str) -> dict[str, tuple[str, str, frozenset[str], frozenset[str]
 
 def busy_page() -> str:
     sim = Simulation(load_scenario("ramp-to-overload"))
-    sim.advance_to(900.0)
+    sim.advance_to(1300.0)  # past the first preemption (~1190 s)
     return sim.page()
 
 

@@ -1,0 +1,274 @@
+"""Why vLLM is about to preempt, from a short history of what it reports. Pure.
+
+vLLM admits a request when its whole sequence fits and then grows it one token per
+decode step; it preempts when a running sequence needs a block and none is free — when
+the KV occupancy touches 100 %. Occupancy is a sum over the running requests, each
+holding its prompt plus what it has generated so far; requests come and go, so it
+fluctuates around a level set by the load. The model forecasts that level and that
+fluctuation, and asks how likely the occupancy is to touch the top within the horizon:
+
+* **level** — the mean occupancy over the last two minutes, plus its trend over the last
+  five (a least-squares slope) carried ``HORIZON`` seconds ahead when it is rising, plus
+  the prompts of the requests waiting to be admitted; at least the level today's traffic
+  mix settles at (Little's law on the last three minutes' requests);
+* **spread** — not the noisy spread of a few polls but the one the traffic implies: for
+  requests arriving at random (an M/G/∞ system) the occupancy's variance is its mean
+  times ``E[∫size²]/E[∫size]`` over a request's life, from the prompt- and
+  generation-length histograms (a request of prompt P growing G tokens: ``(G·P² + P·G² +
+  G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together; or the
+  observed spread around the trend when that is wider (near saturation steps slow down
+  and the swings grow);
+* **score** — ``z = (capacity − level) / spread`` headroom in spreads; the score is
+  logistic in z, 0.5 at ``Z_HALF`` spreads (calibrated on the simulator's scenario
+  library by ``benchmarks/alert_quality.py``: a ranking score, not a probability);
+* **ceiling** — with ``max_num_seqs`` known, occupancy cannot exceed ``max_num_seqs``
+  sequences at their final length, whose sum is about normal; a deployment whose
+  ceiling fits the cache cannot preempt whatever its usage (the server that runs full:
+  the score is capped by the chance that ceiling touches the top in any of the horizon's
+  ``HORIZON ÷ request duration`` fresh draws, the duration from Little's law);
+* **the batch in hand** — the running sequences' expected remaining growth (the mean
+  residual of the generation length) against the free tokens, for sudden bursts the
+  level has not caught up with yet.
+
+``preemption_risk`` is the larger of the score and the batch term; ``overcommit_ratio``
+the batch's committed growth over the free tokens; ``seconds_to_exhaustion`` the free
+tokens over the occupancy's one-minute trend (+Inf when it is not growing). A vLLM restart
+(a new epoch) starts the history afresh and a trend needs two minutes of it; an idle
+server has no risk. Prefix caching needs nothing special: vLLM counts cached blocks that
+no request holds as free (they are evicted on demand), and so does its usage gauge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from exporter.capacity.histogram import Histogram
+
+LEVEL_SECONDS = 120.0  # the occupancy level is its mean over this long
+TREND_SECONDS = 300.0  # its trend is fitted over this long
+TTE_SECONDS = 60.0  # time to exhaustion uses this trend
+QUEUE_SECONDS = 30.0  # the waiting queue is its mean over this long
+HORIZON = 180.0  # how far ahead the risk looks
+MIN_SECONDS = 30.0  # less history than this: no opinion yet
+# A trend needs this much history: a cache filling from empty after a (re)start is not
+# a trend to project, and the Little's-law level covers that time.
+TREND_MIN_SECONDS = 120.0
+Z_HALF = 4.5  # spreads of headroom at which the score is 0.5
+# The shipped alert (rules/ uses the same): preemption_risk above this for this long.
+ALERT_THRESHOLD = 0.5
+ALERT_FOR_SECONDS = 15.0
+STEEPNESS = 2.0  # how fast the score rises as the headroom closes
+_NORMAL = NormalDist()
+
+
+@dataclass(frozen=True)
+class Point:
+    """One poll of one engine, as the risk model needs it."""
+
+    t: float
+    usage: float  # vLLM's kv_cache_usage_perc, 0-1
+    running: float
+    waiting: float
+    finished: float  # requests finished since the sidecar started (never decreases)
+    generated: float  # generation tokens since the sidecar started (never decreases)
+    epoch: int  # changes when vLLM restarts: history does not span it
+
+
+@dataclass(frozen=True)
+class Inputs:
+    points: Sequence[Point]  # oldest first
+    capacity_tokens: float  # usable blocks × block size
+    block_size: int
+    max_num_seqs: int | None
+    prompt: Histogram | None  # lengths of recently finished requests
+    generation: Histogram | None
+    sequences_per_request: float = 1.0  # mean n: parallel samples arrive together
+    recent_prompt: Histogram | None = None  # the same, over the last few minutes only
+    recent_generation: Histogram | None = None
+
+
+@dataclass(frozen=True)
+class Risk:
+    level_tokens: float  # forecast occupancy level at the horizon
+    spread_tokens: float  # its standard deviation
+    free_tokens: float
+    committed_tokens: float  # expected remaining growth of the running sequences
+    overcommit_ratio: float
+    seconds_to_exhaustion: float
+    preemption_risk: float
+
+
+IDLE = Risk(0.0, 0.0, 0.0, 0.0, 0.0, math.inf, 0.0)
+
+
+def _moments(h: Histogram | None) -> tuple[float, float, float] | None:
+    """E[X], E[X²], E[X³] with each bucket's observations at its midpoint (the +Inf
+    bucket at its lower bound)."""
+    if h is None or h.count <= 0:
+        return None
+    m1 = m2 = m3 = 0.0
+    lower, prev = 0.0, 0.0
+    for bound, cum in zip((*h.bounds, math.inf), h.counts, strict=True):
+        n = cum - prev
+        prev = cum
+        x = lower if math.isinf(bound) else (lower + bound) / 2
+        m1, m2, m3 = m1 + n * x, m2 + n * x * x, m3 + n * x**3
+        if not math.isinf(bound):
+            lower = bound
+    return m1 / h.count, m2 / h.count, m3 / h.count
+
+
+def dispersion(prompt: Histogram | None, generation: Histogram | None) -> float | None:
+    """Variance over mean of the occupancy, in tokens (see the module docstring)."""
+    p, g = _moments(prompt), _moments(generation)
+    if p is None or g is None:
+        return None
+    p1, p2, _ = p
+    g1, g2, g3 = g
+    denominator = g1 * p1 + g2 / 2
+    if denominator <= 0:
+        return None
+    return (g1 * p2 + p1 * g2 + g3 / 3) / denominator
+
+
+def residual_generation(generation: Histogram | None) -> float | None:
+    """Mean remaining generation of a sequence caught mid-run: E[G²] / 2E[G]."""
+    g = _moments(generation)
+    if g is None or g[0] <= 0:
+        return None
+    return g[1] / (2 * g[0])
+
+
+def _slope(ts: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(ts)
+    mt, my = sum(ts) / n, sum(ys) / n
+    var = sum((t - mt) ** 2 for t in ts)
+    if var <= 0:
+        return 0.0
+    return sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var
+
+
+def capped_touch(inputs: Inputs, draws: float) -> float | None:
+    """P(touching the top) when ``max_num_seqs`` sequences at their final length are the
+    most the cache can hold: their sum is about normal with ``M·E[P+G]`` and
+    ``M·Var(P+G)`` (means exact from the histograms' sums, variances from buckets)."""
+    p, g = _moments(inputs.prompt), _moments(inputs.generation)
+    if not inputs.max_num_seqs or p is None or g is None:
+        return None
+    assert inputs.prompt is not None
+    assert inputs.generation is not None
+    m = inputs.max_num_seqs
+    mean = inputs.prompt.sum / inputs.prompt.count + inputs.generation.sum / inputs.generation.count
+    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, g[1] - g[0] ** 2)
+    total, sd = m * mean, math.sqrt(m * var)
+    if sd <= 0:
+        return 1.0 if total >= inputs.capacity_tokens else 0.0
+    once = 1.0 - _NORMAL.cdf((inputs.capacity_tokens - total) / sd)
+    return float(1.0 - (1.0 - once) ** draws)
+
+
+def implied_level(inputs: Inputs, pts: Sequence[Point], since: float) -> float | None:
+    """Occupancy the current traffic settles at: arrival rate × token-seconds per request.
+
+    A request of prompt P that grows G tokens holds ``G·P + G²/2`` token-steps; steps
+    last ``running ÷ generation rate`` seconds; the rate is finished requests per second.
+    The lengths come from the last few minutes' requests only, so a shift in the mix
+    shows as soon as the first changed requests finish.
+    """
+    p = _moments(inputs.recent_prompt)
+    g = _moments(inputs.recent_generation)
+    window = [q for q in pts if q.t >= since]
+    if p is None or g is None or len(window) < 2:
+        return None
+    span = window[-1].t - window[0].t
+    finished = window[-1].finished - window[0].finished
+    generated = window[-1].generated - window[0].generated
+    if span <= 0 or finished <= 0 or generated <= 0:
+        return None
+    running = sum(q.running for q in window) / len(window)
+    step = running / (generated / span)
+    per_request = g[0] * p[0] + g[1] / 2
+    return finished / span * step * per_request
+
+
+def assess(inputs: Inputs) -> Risk:
+    if not inputs.points:
+        return IDLE
+    epoch = inputs.points[-1].epoch
+    pts = [p for p in inputs.points if p.epoch == epoch]
+    last = pts[-1]
+    if last.t - pts[0].t < MIN_SECONDS:
+        return IDLE
+    capacity = inputs.capacity_tokens
+    used = [p.usage * capacity for p in pts]
+    ts = [p.t for p in pts]
+    free = max(0.0, capacity - used[-1])
+
+    def window(seconds: float) -> tuple[list[float], list[float]]:
+        keep = [i for i, t in enumerate(ts) if t >= last.t - seconds]
+        return [ts[i] for i in keep], [used[i] for i in keep]
+
+    t_short, u_short = window(TTE_SECONDS)
+    growth = _slope(t_short, u_short) if len(t_short) > 2 else 0.0
+    tte = free / growth if growth > 0 else math.inf
+
+    _, u_level = window(LEVEL_SECONDS)
+    level = sum(u_level) / len(u_level)
+    t_trend, u_trend = window(TREND_SECONDS)
+    trend = _slope(t_trend, u_trend) if last.t - pts[0].t >= TREND_MIN_SECONDS else 0.0
+    forecast = level + max(0.0, trend) * HORIZON
+    # Requests waiting now are admitted with their prompts as soon as blocks free up.
+    p_mean = _moments(inputs.recent_prompt or inputs.prompt)
+    recent_waiting = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
+    queued = sum(recent_waiting) / len(recent_waiting) * (p_mean[0] if p_mean else 0.0)
+    forecast += queued
+    implied = implied_level(inputs, pts, t_trend[0])
+    if implied is not None:
+        # The level today's traffic mix settles at (Little's law) — ahead of the
+        # occupancy when the mix just changed.
+        forecast = max(forecast, implied)
+
+    # Little's law: mean duration = mean running / finish rate.
+    finished = pts[-1].finished - next(p.finished for p in pts if p.t >= t_trend[0])
+    span = last.t - t_trend[0]
+    running_mean = sum(p.running for p in pts if p.t >= t_trend[0]) / len(t_trend)
+    duration = running_mean * span / finished if finished > 0 else HORIZON
+    draws = max(1.0, HORIZON / max(duration, 1.0))
+
+    ratio = dispersion(inputs.prompt, inputs.generation)
+    # n samples of one request arrive, grow and finish together: n times the variance.
+    ratio = ratio * max(1.0, inputs.sequences_per_request) if ratio else None
+    theory = math.sqrt(max(forecast, 0.0) * ratio) if ratio else 0.0
+    # Near saturation steps slow down as the KV read grows and the occupancy swings wider
+    # than independent arrivals explain: take the observed spread around the trend when
+    # it is the larger.
+    mt = sum(t_trend) / len(t_trend)
+    mu = sum(u_trend) / len(u_trend)
+    residuals = [u - (mu + trend * (t - mt)) for t, u in zip(t_trend, u_trend, strict=True)]
+    observed = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+    spread = max(theory, observed)
+    # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising
+    # logistically as it closes in (calibrated on the simulator's scenario library).
+    if spread > 0:
+        z = (capacity - forecast) / spread
+        touch = 1.0 / (1.0 + math.exp(max(-50.0, min(50.0, STEEPNESS * (z - Z_HALF)))))
+    else:
+        touch = 1.0 if forecast >= capacity else 0.0
+
+    capped = capped_touch(inputs, draws)
+    if capped is not None:
+        # Admission control caps the occupancy: a cap inside the cache makes it safe.
+        touch = min(touch, capped)
+
+    remaining = residual_generation(inputs.generation) or 0.0
+    committed = last.running * remaining
+    overcommit = committed / free if free > 0 else (math.inf if committed > 0 else 0.0)
+    # A batch admitted faster than the level shows: its growth alone overfills the cache.
+    batch = 0.0 if not math.isfinite(overcommit) else max(0.0, min(1.0, overcommit - 1.0))
+    if not math.isfinite(overcommit):
+        batch = 1.0
+    risk = max(touch, batch * min(1.0, last.usage / 0.8))
+    return Risk(forecast, spread, free, committed, overcommit, tte, risk)

@@ -1,0 +1,105 @@
+"""Run the sidecar's own poll pipeline against a scenario on the virtual clock.
+
+Each poll advances the simulation to the poll's time, renders vLLM's page, and hands it
+to a real ``Poller`` — parser, history, snapshot and risk model exactly as deployed —
+through a client stand-in instead of HTTP. Hours of traffic take seconds; what comes
+back is, per poll, what the sidecar exported and what vLLM reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from exporter.config import Config, Deployment
+from exporter.poller import Poller, PollerDeps
+from exporter.simulator.scenario import Scenario
+from exporter.simulator.simulation import Simulation
+from exporter.sources.vllm import ModelCard
+from exporter.sources.vllm_page import VllmPage, parse_page
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One poll: what vLLM reported and what the sidecar made of it."""
+
+    t: float
+    usage: float  # vllm:kv_cache_usage_perc
+    preemptions_counted: float  # vllm:num_preemptions_total (lags the events)
+    preempted: int  # preemptions that have happened by now (the simulator knows)
+    running: float
+    waiting: float
+    preemption_risk: float
+    seconds_to_exhaustion: float
+    overcommit_ratio: float
+
+
+@dataclass(frozen=True)
+class Replay:
+    scenario: Scenario
+    ticks: list[Tick]
+    first_preemption_at: float | None  # when vLLM first preempted (not when it counted)
+
+
+class _SimulatedClient:
+    """What the poller asks of vLLM, answered by the simulation at the clock's time."""
+
+    def __init__(self, sim: Simulation, clock: list[float]) -> None:
+        self._sim, self._clock = sim, clock
+
+    async def metrics(self) -> VllmPage:
+        self._sim.advance_to(self._clock[0])
+        return parse_page(self._sim.page())
+
+    async def models(self) -> ModelCard:
+        name = self._sim.sizing.model_name
+        return ModelCard((name,), self._sim.sizing.plan.max_model_len, name)
+
+    async def version(self) -> str:
+        return self._sim.sizing.plan.request.release.label
+
+
+async def _replay(scenario: Scenario, interval: float) -> Replay:
+    sim = Simulation(scenario)
+    clock = [0.0]
+    plan = sim.sizing.plan
+    config = Config(
+        poll_interval_seconds=interval,
+        vllm_timeout_seconds=min(1.0, interval / 2),
+        nvml_enabled=False,
+        model_path=sim.sizing.model_name,
+        deployment=Deployment(
+            max_num_seqs=plan.max_num_seqs,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            gpu=sim.sizing.gpu.name,
+        ),
+    )
+    deps = PollerDeps(clock=lambda: clock[0], find_processes=lambda _p: [])
+    poller = Poller(config, _SimulatedClient(sim, clock), deps)  # type: ignore[arg-type]
+    ticks = []
+    while clock[0] < scenario.duration:
+        clock[0] += interval
+        snap = await poller.poll_once()
+        view = snap.engines[0] if snap.engines else None
+        risk = view.risk if view is not None else None
+        ticks.append(
+            Tick(
+                t=clock[0],
+                usage=sim.engine.usage,
+                preemptions_counted=sim.engine.stats.preemptions,
+                preempted=sim.engine.preempted,
+                running=float(len(sim.engine.running)),
+                waiting=float(len(sim.engine.waiting)),
+                preemption_risk=risk.preemption_risk if risk else 0.0,
+                seconds_to_exhaustion=risk.seconds_to_exhaustion if risk else math.inf,
+                overcommit_ratio=risk.overcommit_ratio if risk else 0.0,
+            )
+        )
+    await poller.close()
+    return Replay(scenario, ticks, sim.engine.first_preemption_at)
+
+
+def replay(scenario: Scenario, interval: float = 2.0) -> Replay:
+    """The sidecar polling a simulated vLLM every ``interval`` seconds for the scenario."""
+    return asyncio.run(_replay(scenario, interval))
