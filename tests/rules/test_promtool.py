@@ -1,0 +1,36 @@
+"""The rule files load in Prometheus and pass their promtool unit tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.rules.rulefiles import RULE_FILES, TEST_FILES
+
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool is not on PATH (Debian/Ubuntu: apt-get install prometheus; CI installs it)",
+)
+
+
+def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *map(str, args)], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def test_rule_files_pass_promtool_check() -> None:
+    assert RULE_FILES, "no rules/*.rules.yml"
+    result = promtool("check", "rules", *RULE_FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("test_file", TEST_FILES, ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(test_file: Path) -> None:
+    result = promtool("test", "rules", test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
