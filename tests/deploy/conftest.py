@@ -1,0 +1,73 @@
+"""Shared helpers for the deploy/ tests: rendering kustomizations and finding the sidecar."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DEPLOY = ROOT / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SIDECAR = "kv-headroom"  # the container's name in the component
+# Components (kind: Component) need kustomize v3.7+, which kubectl embeds from 1.21.
+MIN_KUBECTL = (1, 21)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: builds a wheel and installs it with its dependencies (about a minute)"
+    )
+
+
+@functools.cache
+def kubectl_problem() -> str | None:
+    """Why kustomizations cannot be rendered here, or None when they can."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return "kubectl is not installed (it renders the kustomizations)"
+    out = subprocess.run(
+        [kubectl, "version", "--client"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    m = re.search(r"Client Version: v(\d+)\.(\d+)", out)
+    if m is None or (int(m[1]), int(m[2])) < MIN_KUBECTL:
+        return f"kubectl {out.strip() or '?'} predates kustomize components (needs 1.21+)"
+    return None
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize path` renders; skips when kubectl cannot."""
+    if (problem := kubectl_problem()) is not None:
+        pytest.skip(problem)
+    proc = subprocess.run(
+        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, f"kubectl kustomize {path}:\n{proc.stderr}"
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc is not None]
+
+
+def kustomization_dirs() -> list[Path]:
+    """Every folder under deploy/kubernetes with a kustomization, sorted."""
+    return sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+
+
+def is_component(path: Path) -> bool:
+    data = yaml.safe_load((path / "kustomization.yaml").read_text())
+    return bool(data.get("kind") == "Component")
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def sidecar_of(workload: dict[str, Any]) -> dict[str, Any]:
+    (container,) = [c for c in pod_spec(workload)["containers"] if c["name"] == SIDECAR]
+    return container
