@@ -28,7 +28,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -267,6 +267,7 @@ class VllmServer:
         start_timeout: float = START_TIMEOUT_S,
         keep_logs: bool | None = None,
         log: Callable[[str], None] = print,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(model_config, Path):
             self.model_config: dict[str, Any] = json.loads(model_config.read_text())
@@ -279,6 +280,7 @@ class VllmServer:
         self.start_timeout = start_timeout
         self.keep_logs = os.environ.get(KEEP_LOGS_ENV) == "1" if keep_logs is None else keep_logs
         self._log = log
+        self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
         self._failed = False
@@ -340,6 +342,7 @@ class VllmServer:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        env.update(self.env)
         # A file, not a pipe: nobody would drain a pipe, and a full pipe blocks vLLM.
         with self.log_path.open("wb") as logf:
             logf.write(("$ " + " ".join(self.command) + "\n").encode())
@@ -681,6 +684,13 @@ async def drive(
     )
 
 
+@dataclass
+class RampResult:
+    samples: list[Sample]  # vLLM's /metrics, the idle baseline first
+    # (wall time, prompt tokens, completion tokens) of every request that finished.
+    completions: list[tuple[float, int, int]] = field(default_factory=list)
+
+
 async def drive_ramp(
     url: str,
     *,
@@ -691,17 +701,20 @@ async def drive_ramp(
     bound: float,
     seed: int = 0,
     sample_every: float = 0.5,
-) -> list[Sample]:
+    result: RampResult | None = None,
+) -> RampResult:
     """Closed-loop clients whose number follows ``concurrency(seconds since start)`` (it may
     only grow), each sending ``requests(rng)`` one after another, until ``until(samples)``.
 
     Waits for an idle server first, like :func:`drive`. Samples /metrics every
     ``sample_every`` seconds (``samples[0]`` is the idle baseline). Raises TimeoutError after
     ``bound`` seconds; on any exit the requests in flight are cancelled (vLLM aborts them).
+    Prompts never share a prefix with another request's (seeded by ``seed`` and a counter).
+    Fills ``result`` as it goes when one is given, so that a caller can watch.
     """
     base = url.rstrip("/")
     rng = random.Random(seed)
-    samples: list[Sample] = []
+    result = result if result is not None else RampResult([])
     sent = itertools.count()
 
     async def get_metrics(session: aiohttp.ClientSession) -> str:
@@ -715,7 +728,7 @@ async def drive_ramp(
             req, index = requests(rng), next(sent)
             payload = {
                 "model": model,
-                "prompt": prompt_ids(req.prompt_tokens, index),
+                "prompt": prompt_ids(req.prompt_tokens, seed * 100_000 + index),
                 "max_tokens": req.max_tokens,
                 "ignore_eos": True,
                 "temperature": 0.0,
@@ -728,6 +741,10 @@ async def drive_ramp(
                 body = await resp.text()
                 if resp.status != 200:
                     raise RuntimeError(f"{req}: HTTP {resp.status}: {body[:1000]}")
+            usage = json.loads(body)["usage"]
+            result.completions.append(
+                (time.time(), int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+            )
 
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
@@ -736,20 +753,65 @@ async def drive_ramp(
             while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
                 await asyncio.sleep(0.2)
                 text = await get_metrics(session)
-        samples.append(parse_sample(time.time(), text))
+        result.samples.append(parse_sample(time.time(), text))
         start = time.monotonic()
         clients: list[asyncio.Task[None]] = []
         try:
-            while not until(samples):
+            while not until(result.samples):
                 while len(clients) < concurrency(time.monotonic() - start):
                     clients.append(asyncio.create_task(client(session)))
                 failed = [c for c in clients if c.done() and c.exception() is not None]
                 if failed:
                     raise failed[0].exception()  # type: ignore[misc]
                 await asyncio.sleep(sample_every)
-                samples.append(parse_sample(time.time(), await get_metrics(session)))
+                try:
+                    result.samples.append(parse_sample(time.time(), await get_metrics(session)))
+                except (TimeoutError, aiohttp.ClientError):
+                    continue  # a loaded CPU server can be slow to render /metrics: skip one
         finally:
             for c in clients:
                 c.cancel()
             await asyncio.gather(*clients, return_exceptions=True)
-    return samples
+    return result
+
+
+async def stream_one(
+    url: str,
+    *,
+    model: str,
+    request: Request,
+    seed: int,
+    on_progress: Callable[[int], Awaitable[None]],
+) -> int:
+    """Send one streaming completion and await ``on_progress(completion tokens so far)``
+    after each chunk (vLLM's continuous usage statistics); returns the final count."""
+    payload = {
+        "model": model,
+        "prompt": prompt_ids(request.prompt_tokens, seed),
+        "max_tokens": request.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    done = 0
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as session,
+        session.post(
+            url.rstrip("/") + "/v1/completions",
+            json=payload,
+            timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
+        ) as resp,
+    ):
+        if resp.status != 200:
+            raise RuntimeError(f"{request}: HTTP {resp.status}: {(await resp.text())[:1000]}")
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                done = int(usage["completion_tokens"])
+                await on_progress(done)
+    return done

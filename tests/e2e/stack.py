@@ -1,0 +1,298 @@
+"""The whole product on real vLLM 0.32 (CPU), the way a user runs it.
+
+Per architecture: a vLLM server (dummy weights, a small KV cache), ``kv-headroom serve``
+next to it, and one Prometheus with rules/ scraping every vLLM and sidecar each second.
+First one streamed request of known length (tokens per running sequence), then one
+closed-loop client for SAFE_S seconds (safe: the risk must stay low; the context
+quantiles are checked at its end), then one more client every STEP_S seconds until vLLM
+counts a preemption. The architectures run side by side; afterwards the load stops and
+Prometheus is watched until both alerts have resolved. Everything started is stopped by
+process group, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
+from tests.conftest import FIXTURES
+from tests.e2e.vllm_harness import (
+    RampResult,
+    Request,
+    Sample,
+    VllmServer,
+    drive_ramp,
+    stream_one,
+)
+from tests.processes import Prometheus, Sidecar
+
+IMMINENT = "VllmKvCachePreemptionImminent"
+PREEMPTING = "VllmKvCachePreempting"
+SAFE_S = 60.0
+STEP_S = 15.0
+AFTER_PREEMPTION_S = 5.0
+RAMP_BOUND_S = SAFE_S + 30 * STEP_S
+# VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
+RESOLVE_BOUND_S = 7 * 60.0
+PROBE = Request(prompt_tokens=300, max_tokens=600)
+PROBE_LOOKBACK_S = 6.0  # the sidecar's figure is at most this old (2 s polls, slow CPU)
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    config: Path
+    served_name: str
+    extra_args: tuple[str, ...]
+    # The servers run side by side: each one's compute threads on a core of its own, so
+    # that neither starves the other (or its own API server) on a small machine.
+    cpus: str
+
+
+ARCHITECTURES = (
+    # 4 layers, 2 KV heads of 32: 1,024 bytes per token; 48 blocks of 128 (BASE_ARGS).
+    Architecture("llama-gqa", FIXTURES / "vllm" / "tinyllama.config.json", "tinyllama", (), "0"),
+    # MLA: 4 layers of one (512 + 64)-wide latent: 4,608 bytes per token; CPU blocks of 16.
+    Architecture(
+        "deepseek-mla",
+        FIXTURES / "vllm" / "tinydeepseek.config.json",
+        "tinydeepseek",
+        ("--num-gpu-blocks-override", "400"),
+        "1",
+    ),
+)
+
+
+def request_mix(rng: random.Random) -> Request:
+    return Request(rng.randint(200, 600), rng.randint(300, 800))
+
+
+def clients(elapsed: float) -> int:
+    """One client while safe; then two, and one more every STEP_S seconds."""
+    return 1 if elapsed < SAFE_S else 2 + int((elapsed - SAFE_S) // STEP_S)
+
+
+def first_preemption(samples: Sequence[Sample]) -> float | None:
+    """When vLLM's preemption counter first moved (the sample that shows it)."""
+    return next((s.t for s in samples if s.preemptions > samples[0].preemptions), None)
+
+
+def alert_fired_at(series: Sequence[tuple[float, float]]) -> float | None:
+    """The shipped alert, Prometheus's for: included, on a (time, risk) series."""
+    pending = None
+    for t, value in series:
+        if value > ALERT_THRESHOLD:
+            pending = t if pending is None else pending
+            if t - pending >= ALERT_FOR_SECONDS:
+                return t
+        else:
+            pending = None
+    return None
+
+
+@dataclass
+class ArchRun:
+    arch: Architecture
+    sidecar: str  # host:port, the instance label Prometheus gives it
+    vllm_text: str = ""  # vLLM's /metrics after the probe
+    sidecar_text: str = ""  # the sidecar's, right after
+    # (sidecar tokens per running sequence, tokens streamed PROBE_LOOKBACK_S before, now)
+    probe: list[tuple[float, int, int]] = field(default_factory=list)
+    safe_text: str = ""  # the sidecar's /metrics at the end of the safe phase
+    safe_completions: list[tuple[float, int, int]] = field(default_factory=list)
+    ramp: RampResult = field(default_factory=lambda: RampResult([]))
+    risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
+    load_stopped: float = 0.0
+
+    @property
+    def started(self) -> float:
+        return self.ramp.samples[0].t
+
+    @property
+    def first_preemption(self) -> float | None:
+        return first_preemption(self.ramp.samples)
+
+    @property
+    def preemptions(self) -> float:
+        return self.ramp.samples[-1].preemptions - self.ramp.samples[0].preemptions
+
+
+@dataclass
+class StackRun:
+    archs: dict[str, ArchRun]
+    # (alert name, sidecar instance) -> [(firing from, until or None while it still fires)]
+    alerts: dict[tuple[str, str], list[list[float | None]]] = field(default_factory=dict)
+    quiet_at: float | None = None  # when none of the two alerts fired any more
+    load_stopped: float = 0.0
+
+    def first(self, alert: str, run: ArchRun) -> float | None:
+        episodes = self.alerts.get((alert, run.sidecar), [])
+        return episodes[0][0] if episodes else None
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """One sample's value from a /metrics page; None when absent."""
+    pattern = re.escape(name) + r"\{([^}]*)\} (\S+)|" + re.escape(name) + r" (\S+)"
+    for m in re.finditer(r"^(?:" + pattern + r")$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(2) or m.group(3))
+    return None
+
+
+async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
+    progress: list[tuple[float, int]] = [(time.time(), 0)]
+
+    async def on_progress(n: int) -> None:
+        progress.append((time.time(), n))
+
+    def streamed_at(t: float) -> int:
+        return max((n for when, n in progress if when <= t), default=0)
+
+    deadline = time.monotonic() + 60
+    while value(await asyncio.to_thread(sidecar.metrics), "kv_headroom_requests_running") != 0:
+        assert time.monotonic() < deadline, "the server never looked idle to the sidecar"
+        await asyncio.sleep(0.5)
+    task = asyncio.create_task(
+        stream_one(server.url, model=server.model, request=PROBE, seed=987_654,
+                   on_progress=on_progress)
+    )  # fmt: skip
+    while not task.done():
+        text = await asyncio.to_thread(sidecar.metrics)
+        now = time.time()
+        per_seq = value(text, "kv_headroom_tokens_per_running_sequence", engine="0")
+        if per_seq is not None and value(text, "kv_headroom_requests_running") == 1:
+            run.probe.append((per_seq, streamed_at(now - PROBE_LOOKBACK_S), streamed_at(now)))
+        await asyncio.sleep(0.5)
+    await task
+    run.vllm_text = await asyncio.to_thread(server.metrics_text)
+    run.sidecar_text = await asyncio.to_thread(sidecar.metrics)
+
+
+async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
+    await _probe(server, sidecar, run)
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            text = await asyncio.to_thread(sidecar.metrics)
+            now = time.time()
+            risk = value(text, "kv_headroom_preemption_risk", engine="0")
+            if risk is not None:
+                run.risk.append((now, risk))
+            samples = run.ramp.samples
+            if not run.safe_text and samples and now - samples[0].t >= SAFE_S - 2:
+                run.safe_text = text
+                run.safe_completions = list(run.ramp.completions)
+            await asyncio.sleep(1.0)
+
+    def enough(samples: Sequence[Sample]) -> bool:
+        first = first_preemption(samples)
+        return first is not None and samples[-1].t - first >= AFTER_PREEMPTION_S
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await drive_ramp(
+            server.url, model=server.model, concurrency=clients, requests=request_mix,
+            until=enough, bound=RAMP_BOUND_S, seed=ARCHITECTURES.index(arch), result=run.ramp,
+        )  # fmt: skip
+    finally:
+        run.load_stopped = time.time()
+        done.set()
+        await watcher
+
+
+async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) -> None:
+    ours = (IMMINENT, PREEMPTING)
+    while not stop.is_set():
+        alerts = await asyncio.to_thread(prom.api, "alerts")
+        now = time.time()
+        firing = {
+            (a["labels"]["alertname"], a["labels"].get("instance", ""))
+            for a in alerts["alerts"]
+            if a["state"] == "firing" and a["labels"]["alertname"] in ours
+        }
+        for key in firing:
+            episodes = run.alerts.setdefault(key, [])
+            if not episodes or episodes[-1][1] is not None:
+                episodes.append([now, None])
+        for key, episodes in run.alerts.items():
+            if key not in firing and episodes[-1][1] is None:
+                episodes[-1][1] = now
+        if run.load_stopped and run.alerts and not firing:
+            run.quiet_at = now
+            return
+        await asyncio.sleep(1.0)
+
+
+async def run_stack(servers: dict[str, VllmServer]) -> StackRun:
+    args = ("--no-nvml.enabled",)  # otherwise the defaults: a 2 s poll, a 1.5 s timeout
+    sidecars = {
+        a.name: Sidecar(servers[a.name].url, "--model.path", str(a.config), *args)
+        for a in ARCHITECTURES
+    }
+    hostport = {name: s.url.removeprefix("http://") for name, s in sidecars.items()}
+    prom = Prometheus(
+        {
+            "vllm": [s.url.removeprefix("http://") for s in servers.values()],
+            "kv-headroom": list(hostport.values()),
+        }
+    )
+    run = StackRun({a.name: ArchRun(a, hostport[a.name]) for a in ARCHITECTURES})
+    try:
+        await asyncio.gather(
+            *(asyncio.to_thread(s.start) for s in sidecars.values()), asyncio.to_thread(prom.start)
+        )
+        stop = asyncio.Event()
+        alerts = asyncio.create_task(_watch_alerts(prom, run, stop))
+        try:
+            await asyncio.gather(
+                *(_arch(a, servers[a.name], sidecars[a.name], run.archs[a.name])
+                  for a in ARCHITECTURES)
+            )  # fmt: skip
+            run.load_stopped = time.time()
+            with contextlib.suppress(TimeoutError):  # the resolution test says so
+                await asyncio.wait_for(asyncio.shield(alerts), RESOLVE_BOUND_S)
+        finally:
+            stop.set()
+            await alerts
+        for name, sidecar in sidecars.items():
+            assert "Traceback" not in sidecar.log(tail=1_000_000), f"{name}: {sidecar.log()}"
+    finally:
+        for sidecar in sidecars.values():
+            sidecar.cleanup()
+        prom.cleanup()
+    return run
+
+
+def summary(run: StackRun) -> str:
+    lines = []
+    for name, a in run.archs.items():
+        tokens = value(a.sidecar_text, "kv_headroom_kv_capacity_tokens", source="observed")
+        blocks = value(a.sidecar_text, "kv_headroom_kv_capacity_blocks", source="observed")
+        expected = value(a.sidecar_text, "kv_headroom_kv_capacity_tokens", source="expected")
+        fired = alert_fired_at(a.risk)
+        first = a.first_preemption
+        lead = f"{first - fired:+.0f} s" if fired and first else "never"
+        imminent, preempting = run.first(IMMINENT, a), run.first(PREEMPTING, a)
+        prom_lead = f"{preempting - imminent:+.0f} s" if imminent and preempting else "n/a"
+        lines.append(
+            f"{name}: capacity {tokens:,.0f} tokens in {blocks:,.0f} blocks (expected "
+            f"{expected:,.0f}); first preemption counted {first - a.started:.0f} s into the "
+            f"run, {a.preemptions:g} in all; risk alert {lead} before it; in Prometheus "
+            f"{IMMINENT} {prom_lead} before {PREEMPTING}"
+            if tokens is not None and blocks is not None and expected is not None and first
+            else f"{name}: incomplete run"
+        )
+    if run.quiet_at:
+        lines.append(
+            f"both alerts resolved {run.quiet_at - run.load_stopped:.0f} s after the load stopped"
+        )
+    return "\n".join(lines)

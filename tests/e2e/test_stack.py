@@ -1,0 +1,133 @@
+"""The sidecar, Prometheus and the alerts on real vLLM 0.32 (CPU), per architecture.
+
+Every figure is compared with what vLLM itself reports or with what the workload sent,
+never with fixed counts: scheduling jitter moves when things happen, not what they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from tests.e2e.stack import (
+    ARCHITECTURES,
+    IMMINENT,
+    PREEMPTING,
+    PROBE,
+    SAFE_S,
+    ArchRun,
+    StackRun,
+    alert_fired_at,
+    value,
+)
+
+pytestmark = pytest.mark.vllm
+ARCHS = [a.name for a in ARCHITECTURES]
+# vLLM's token-length histograms bound their buckets 1-2-5 up to max_model_len (2,048).
+BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, math.inf)
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request: pytest.FixtureRequest, stack: StackRun) -> ArchRun:
+    return stack.archs[request.param]
+
+
+def cache_config(vllm_text: str) -> dict[str, str]:
+    line = next(ln for ln in vllm_text.splitlines() if ln.startswith("vllm:cache_config_info{"))
+    return dict(re.findall(r'(\w+)="([^"]*)"', line))
+
+
+def bytes_per_token(config: dict[str, int]) -> int:
+    """KV bytes per token from the config alone (bf16, TP 1): the arithmetic of the two
+    attention kinds, independently of exporter/capacity."""
+    layers = config["num_hidden_layers"]
+    if "kv_lora_rank" in config:  # MLA: one latent vector + the rope key per layer
+        return layers * (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * 2
+    return layers * 2 * config["num_key_value_heads"] * config["head_dim"] * 2
+
+
+def test_observed_capacity_is_what_vllm_reports(arch: ArchRun) -> None:
+    info = cache_config(arch.vllm_text)
+    text = arch.sidecar_text
+    assert value(text, "kv_headroom_kv_capacity_blocks", source="observed", engine="0") == int(
+        info["num_gpu_blocks"]
+    )
+    assert value(text, "kv_headroom_kv_capacity_tokens", source="observed", engine="0") == int(
+        info["kv_cache_size_tokens"]
+    )
+    assert int(info["kv_cache_size_tokens"]) == int(info["num_gpu_blocks"]) * int(
+        info["block_size"]
+    )
+
+
+def test_expected_capacity_from_config_and_flags_equals_observed(arch: ArchRun) -> None:
+    text = arch.sidecar_text
+    for name in ("kv_headroom_kv_capacity_blocks", "kv_headroom_kv_capacity_tokens"):
+        expected = value(text, name, source="expected", engine="0")
+        assert expected is not None, name
+        assert expected == value(text, name, source="observed", engine="0"), name
+    assert value(text, "kv_headroom_budget_drift_ratio", engine="0") == 1.0
+
+
+def test_bytes_per_token_follow_the_attention_kind(arch: ArchRun) -> None:
+    config = json.loads(arch.arch.config.read_text())
+    assert value(arch.sidecar_text, "kv_headroom_kv_bytes_per_token") == bytes_per_token(config)
+
+
+def test_tokens_per_running_sequence_match_the_streamed_request_within_a_block(
+    arch: ArchRun,
+) -> None:
+    block = int(cache_config(arch.vllm_text)["block_size"])
+    assert arch.probe, "no reading while exactly one request ran"
+    for per_seq, before, now in arch.probe:
+        # The sequence held its prompt and what it had generated, in whole blocks; the
+        # sidecar's figure is from a poll between the two stream positions.
+        low = math.ceil((PROBE.prompt_tokens + max(0, before - 1)) / block) * block
+        high = math.ceil((PROBE.prompt_tokens + now + 1) / block) * block
+        assert low - 1e-6 <= per_seq <= high + 1e-6, (per_seq, before, now, block)
+        assert abs(per_seq / block - round(per_seq / block)) < 1e-6, (per_seq, block)
+
+
+def bucket(tokens: float) -> int:
+    return next(i for i, bound in enumerate(BUCKETS) if tokens <= bound)
+
+
+def test_context_quantiles_match_the_workload_within_one_bucket(arch: ArchRun) -> None:
+    contexts = sorted(
+        [p + c for _, p, c in arch.safe_completions] + [PROBE.prompt_tokens + PROBE.max_tokens]
+    )
+    assert len(contexts) >= 5
+    for label, q in (("p50", 0.50), ("p95", 0.95), ("p99", 0.99)):
+        truth = contexts[min(len(contexts) - 1, math.ceil(q * len(contexts)) - 1)]
+        seen = value(arch.safe_text, "kv_headroom_context_tokens", percentile=label, engine="0")
+        assert seen is not None, label
+        assert abs(bucket(seen) - bucket(truth)) <= 1, (label, seen, truth)
+
+
+def test_the_risk_stays_below_the_threshold_while_the_load_is_safe(arch: ArchRun) -> None:
+    safe = [v for t, v in arch.risk if arch.started + 30 <= t <= arch.started + SAFE_S]
+    assert safe
+    assert max(safe) < 0.5
+
+
+def test_the_risk_alert_fires_before_vllm_counts_its_first_preemption(arch: ArchRun) -> None:
+    preempted = arch.first_preemption
+    fired = alert_fired_at(arch.risk)
+    assert preempted is not None, "the workload never made vLLM preempt"
+    assert fired is not None, f"risk never held above 0.5: {arch.risk[-40:]}"
+    assert fired < preempted
+
+
+def test_prometheus_fires_imminent_before_preempting(stack: StackRun, arch: ArchRun) -> None:
+    imminent, preempting = stack.first(IMMINENT, arch), stack.first(PREEMPTING, arch)
+    assert preempting is not None, stack.alerts
+    assert imminent is not None, stack.alerts
+    assert imminent < preempting
+
+
+def test_both_alerts_resolve_after_the_load_stops(stack: StackRun) -> None:
+    assert stack.quiet_at is not None, f"still firing: {stack.alerts}"
+    assert stack.quiet_at > stack.load_stopped
