@@ -3,9 +3,9 @@
 Per architecture: a vLLM server (dummy weights, a small KV cache), ``kv-headroom serve``
 next to it, and one Prometheus with rules/ scraping every vLLM and sidecar each second.
 First one streamed request of known length (tokens per running sequence), then one
-closed-loop client for SAFE_S seconds (safe: the risk must stay low; the context
-quantiles are checked at its end), then one more client every STEP_S seconds until vLLM
-counts a preemption. The architectures run side by side; afterwards the load stops and
+closed-loop client for SAFE_S seconds (safe: the risk must stay low), then one more
+client every STEP_S seconds until vLLM counts a preemption (the context quantiles are
+checked then). The architectures run side by side; afterwards the load stops and
 Prometheus is watched until both alerts have resolved. Everything started is stopped by
 process group, whatever happens.
 """
@@ -36,12 +36,12 @@ from tests.processes import Prometheus, Sidecar
 IMMINENT = "VllmKvCachePreemptionImminent"
 PREEMPTING = "VllmKvCachePreempting"
 SAFE_S = 60.0
-STEP_S = 15.0
+STEP_S = 20.0
 AFTER_PREEMPTION_S = 5.0
 RAMP_BOUND_S = SAFE_S + 30 * STEP_S
 # VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
 RESOLVE_BOUND_S = 7 * 60.0
-PROBE = Request(prompt_tokens=300, max_tokens=600)
+PROBE = Request(prompt_tokens=300, max_tokens=1500)  # long enough for several polls
 PROBE_LOOKBACK_S = 6.0  # the sidecar's figure is at most this old (2 s polls, slow CPU)
 
 
@@ -105,8 +105,10 @@ class ArchRun:
     sidecar_text: str = ""  # the sidecar's, right after
     # (sidecar tokens per running sequence, tokens streamed PROBE_LOOKBACK_S before, now)
     probe: list[tuple[float, int, int]] = field(default_factory=list)
-    safe_text: str = ""  # the sidecar's /metrics at the end of the safe phase
-    safe_completions: list[tuple[float, int, int]] = field(default_factory=list)
+    # The sidecar's /metrics when vLLM first counted a preemption, and the requests that
+    # had finished by then (all of them whole: none aborted yet).
+    context_text: str = ""
+    context_completions: list[tuple[float, int, int]] = field(default_factory=list)
     ramp: RampResult = field(default_factory=lambda: RampResult([]))
     risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
     load_stopped: float = 0.0
@@ -187,10 +189,9 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
             risk = value(text, "kv_headroom_preemption_risk", engine="0")
             if risk is not None:
                 run.risk.append((now, risk))
-            samples = run.ramp.samples
-            if not run.safe_text and samples and now - samples[0].t >= SAFE_S - 2:
-                run.safe_text = text
-                run.safe_completions = list(run.ramp.completions)
+            if not run.context_text and first_preemption(run.ramp.samples) is not None:
+                run.context_text = text
+                run.context_completions = list(run.ramp.completions)
             await asyncio.sleep(1.0)
 
     def enough(samples: Sequence[Sample]) -> bool:
