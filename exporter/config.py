@@ -24,6 +24,7 @@ from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.releases import parse_version
 from exporter.errors import InputError
+from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 
 ENV_PREFIX = "KV_HEADROOM_"
 CONFIG_FILE_KEY = "config.file"
@@ -69,6 +70,8 @@ class Config:
     vllm_max_page_bytes: int = 16 * 1024 * 1024
     listen_host: str = ""  # every interface, as ":9847" means to Prometheus exporters
     listen_port: int = 9847
+    web_config_file: str | None = None  # exporter-toolkit web config: TLS, basic auth
+    web_config: WebConfig | None = None  # what that file says, checked at load
     poll_interval_seconds: float = 2.0
     window_seconds: float = 600.0
     history_seconds: float = 900.0
@@ -273,6 +276,7 @@ class _Spec:
     attr: str  # where it lands on Config, dotted for deployment fields
     parse: Parser
     show: Callable[[Any], str] = _show
+    flag_name: str | None = None  # when the flag is not the key spelt with dashes
 
     @property
     def env(self) -> str:
@@ -280,7 +284,7 @@ class _Spec:
 
     @property
     def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
+        return self.flag_name or "--" + self.key.replace("_", "-")
 
 
 def _dep(name: str, parse: Parser, show: Callable[[Any], str] = _show) -> _Spec:
@@ -292,6 +296,8 @@ _SPECS = (
     _Spec("vllm.timeout", "vllm_timeout_seconds", _duration, _show_duration),
     _Spec("vllm.max_page_bytes", "vllm_max_page_bytes", _size, _show_size),
     _Spec("web.listen_address", "listen_address", _address),
+    # Spelt as exporter-toolkit spells it, so one flag and one file serve every exporter.
+    _Spec("web.config_file", "web_config_file", _str, flag_name="--web.config.file"),
     _Spec("poll.interval", "poll_interval_seconds", _duration, _show_duration),
     _Spec("poll.window", "window_seconds", _duration, _show_duration),
     _Spec("poll.history", "history_seconds", _duration, _show_duration),
@@ -438,7 +444,7 @@ def load_config(
         else:
             near = difflib.get_close_matches(name, [*_BY_ENV, CONFIG_FILE_ENV], n=1)
             hint = f"; did you mean {near[0]}?" if near else ""
-            problems.append(_problem(f"env {name}", "", None, f"unknown setting{hint}"))
+            problems.append(_problem(f"env {_name(name)}", "", None, f"unknown setting{hint}"))
     for key, raw in flags.items():
         if key in _BY_KEY and raw is not None:
             given.append((key, _Setting("flag", _BY_KEY[key].flag, raw)))
@@ -458,6 +464,13 @@ def load_config(
     for low, high, strict in _ORDER:
         if not failed & {low, high}:
             problems += _misordered(found, low, high, strict)
+    web_config = None
+    if "web.config_file" in found:
+        setting = found["web.config_file"]
+        try:
+            web_config = load_web_config(setting.value, setting.where, "web.config_file", read_text)
+        except WebConfigError as e:
+            problems += e.problems
     if problems:
         raise ConfigError(problems)
 
@@ -476,6 +489,7 @@ def load_config(
         sources[CONFIG_FILE_KEY] = "flag" if file_flag is not None else "env"
     return Config(
         **kwargs,
+        web_config=web_config,
         deployment=Deployment(**deployment),
         config_file=config_file,
         sources=MappingProxyType(sources),

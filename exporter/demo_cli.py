@@ -22,7 +22,7 @@ from aiohttp import web
 from exporter.config import Config, Deployment
 from exporter.log import configure
 from exporter.poller import Poller, PollerDeps
-from exporter.server import POLLER
+from exporter.server import HANDLER_LIMITS, POLLER
 from exporter.server import create_app as sidecar_app
 from exporter.simulator.nvml import SimulatedNvml
 from exporter.simulator.scenario import parse_duration
@@ -112,7 +112,7 @@ async def demo(
     nvml = SimulatedNvml(f"NVIDIA {sim.sizing.gpu.name}", sim.gpu_memory, os.getpid())
     deps = PollerDeps(nvml=NvmlReader(nvml), find_processes=lambda _p: [])
     app = sidecar_app(config, deps)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, **HANDLER_LIMITS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

@@ -7,6 +7,7 @@ sidecar's ``deployment:`` config. Pure: every input is passed in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -66,8 +67,10 @@ def label_value(text: str | None, kind: type) -> object | None:
         if kind is int:
             return int(float(text))
         if kind is float:
-            return float(text)
-    except ValueError:
+            number = float(text)
+            return number if math.isfinite(number) else None
+    # OverflowError: "inf" or "1e400" read as a whole number.
+    except (ValueError, OverflowError):
         return None
     return text
 

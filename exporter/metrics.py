@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
 from exporter.snapshot import EngineView, Snapshot
+from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH
 
 PREFIX = "kv_headroom_"
 # Values are written exactly as prometheus_client writes them (Go's float format).
@@ -87,11 +88,13 @@ METRICS: tuple[Spec, ...] = (
     Spec("source_last_success_timestamp_seconds", "gauge", ("source",), "When the source last answered (Unix time).", "seconds", "sidecar"),
     Spec("poll_errors", "counter", ("source",), "Polls in which the source failed.", "count", "sidecar"),
     Spec("poll_duration_seconds", "gauge", (), "Duration of the last poll, sources to snapshot.", "seconds", "sidecar"),
+    Spec("cardinality_limited", "gauge", ("limit",), "What a cardinality limit left out of the last poll: engines beyond 64, gpus beyond 64, cache_config_labels beyond 128 per engine, label_values cut to 256 characters; 0 within the limits.", "count", "sidecar"),
     Spec("build_info", "gauge", ("version", "python_version"), "The sidecar's version; value 1.", "info", "sidecar"),
     Spec("info", "gauge", ("model", "attention_kind", "kv_cache_dtype", "block_size", "tensor_parallel_size", "pipeline_parallel_size", "vllm_version"), "The deployment as the sidecar sees it; value 1.", "info", "deployment"),
     Spec("deployment_flag_info", "gauge", ("flag", "value", "source"), "Each deployed vLLM flag and where the sidecar learnt it; value 1.", "info", "deployment"),
 )  # fmt: skip
 BY_NAME = {s.name: s for s in METRICS}
+LIMITS = ("engines", "gpus", "cache_config_labels", "label_values")
 
 
 class _Families:
@@ -99,11 +102,21 @@ class _Families:
 
     def __init__(self) -> None:
         self._samples: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+        self.cut = 0  # label values shortened to MAX_LABEL_VALUE_LENGTH
 
     def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return
-        self._samples.setdefault(name, []).append((tuple(labels), float(value)))
+        values = tuple(labels)
+        # The last line of defence for values from outside (GPU names, versions, flags):
+        # no label value leaves the sidecar longer than the parser keeps its own.
+        if any(len(v) > MAX_LABEL_VALUE_LENGTH for v in values):
+            self.cut += sum(len(v) > MAX_LABEL_VALUE_LENGTH for v in values)
+            values = tuple(
+                v if len(v) <= MAX_LABEL_VALUE_LENGTH else v[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+                for v in values
+            )
+        self._samples.setdefault(name, []).append((values, float(value)))
 
     def families(self) -> Iterator[Metric]:
         """As prometheus_client metric families (for tests that compare renderings)."""
@@ -180,6 +193,7 @@ class SnapshotCollector:
 
     def __init__(self, snapshot: Snapshot) -> None:
         self._snap = snapshot
+        self.limited: dict[str, int] = {}  # by limit, filled by a rendering
 
     def collect(self) -> Iterator[Metric]:
         yield from self._fill().families()
@@ -206,6 +220,10 @@ class SnapshotCollector:
         f.add("poll_duration_seconds", [], snap.poll_duration_seconds)
         f.add("build_info", [__version__, platform.python_version()], 1)
         self._info(f, snap)
+        self.limited = {limit: snap.limited.get(limit, 0) for limit in LIMITS}
+        self.limited["label_values"] += f.cut
+        for limit, count in self.limited.items():
+            f.add("cardinality_limited", [limit], count)
         return f
 
     @staticmethod
@@ -298,7 +316,14 @@ def _show(value: object) -> str:
 
 def render(snapshot: Snapshot) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of one snapshot."""
-    return SnapshotCollector(snapshot).text().encode()
+    return render_counted(snapshot)[0]
+
+
+def render_counted(snapshot: Snapshot) -> tuple[bytes, dict[str, int]]:
+    """The exposition, and what each cardinality limit left out of it."""
+    collector = SnapshotCollector(snapshot)
+    text = collector.text()
+    return text.encode(), collector.limited
 
 
 def families_by_name(text: str) -> Mapping[str, list[tuple[dict[str, str], float]]]:

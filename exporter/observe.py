@@ -122,6 +122,11 @@ class History:
         while self._ring and self._ring[0].time < obs.time - self._keep:
             self._ring.popleft()
 
+    def drop_latest(self) -> None:
+        """Forget the newest observation (one whose poll failed half-way)."""
+        if self._ring:
+            self._ring.pop()
+
     @property
     def latest(self) -> Observation | None:
         return self._ring[-1] if self._ring else None

@@ -98,6 +98,8 @@ class Snapshot:
     gpus: tuple[GpuView, ...]
     vllm_ready: bool  # vLLM has answered at least once
     notes: tuple[str, ...] = field(default=())
+    # What a cardinality limit left out of this snapshot, by limit (engines, gpus, ...).
+    limited: Mapping[str, int] = field(default_factory=dict)
 
     def source(self, name: str) -> SourceState | None:
         return next((s for s in self.sources if s.name == name), None)
@@ -142,7 +144,7 @@ def observed_capacity_tokens(
 ) -> int:
     """vLLM's own token count: its label (0.24+), else what its release prints."""
     label = label_value(cache_config.get("kv_cache_size_tokens"), int)
-    if isinstance(label, int):
+    if isinstance(label, int) and label >= 0:
         return label
     if plan is None:
         return num_blocks * block_size
@@ -174,13 +176,20 @@ def engine_view(
         layout = plan.layout
     occupancy = None
     capacity_tokens = budget = None
-    if isinstance(num_blocks, int) and isinstance(block_size, int) and num_blocks > 0:
+    # A block size of 0 would divide by zero below; the source marks such a page incomplete,
+    # and this keeps a history that still holds one from failing every later poll.
+    if (
+        isinstance(num_blocks, int)
+        and isinstance(block_size, int)
+        and num_blocks > 0
+        and block_size > 0
+    ):
         occupancy = Occupancy(num_blocks, block_size, raw.kv_usage or 0.0, raw.running or 0.0)
         capacity_tokens = observed_capacity_tokens(cc, num_blocks, block_size, plan)
         # vLLM's own KV memory figure when it reports one (given memory, CPU backend);
         # else what its blocks occupy.
         given = label_value(cc.get("kv_cache_memory_bytes"), int)
-        if isinstance(given, int):
+        if isinstance(given, int) and given >= 0:
             budget = given
         elif layout is not None and plan is not None:
             budget = num_blocks * layout.stage_bytes_per_block(plan.cap.tightest_stage)

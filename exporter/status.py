@@ -8,6 +8,7 @@ from html import escape
 from exporter import __version__
 from exporter.config import Config
 from exporter.snapshot import EngineView, Snapshot
+from exporter.sources.vllm import redact
 
 GIB = 1 << 30
 
@@ -139,7 +140,7 @@ table{{border-collapse:collapse;margin-bottom:1em}}
 th,td{{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}}
 th{{font-weight:500}}.note{{color:#a60}}</style></head><body>
 <h1>kv-headroom · {_e(snap.model_name or "model unknown")}</h1>
-<p>vLLM {_e(config.vllm_url)} · poll every {config.poll_interval_seconds:g}s · last poll
+<p>vLLM {_e(redact(config.vllm_url))} · poll every {config.poll_interval_seconds:g}s · last poll
 {snap.poll_duration_seconds * 1000:.1f} ms · <a href="/metrics">/metrics</a></p>
 {notes}
 <h2>sources</h2><table>{sources}</table>

@@ -397,7 +397,8 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     assert by_key["nvml.devices"] == ("0,1", "env")
     assert by_key["model.path"] == ("(not set)", "default")
     assert by_key["deployment.weights_bytes"] == ("16GiB", "file")
-    assert len(rows) == 1 + 13 + len(dataclasses.fields(Deployment))
+    assert by_key["web.config_file"] == ("(not set)", "default")
+    assert len(rows) == 1 + 14 + len(dataclasses.fields(Deployment))
 
 
 YAML_VALUES = st.recursive(

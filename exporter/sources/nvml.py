@@ -27,6 +27,7 @@ _KINDS = {
     "NVMLError_DriverNotLoaded": ("driver_not_loaded", "NVIDIA driver not loaded, cannot {}"),
     "NVMLError_NoPermission": ("no_permission", "no permission to {}"),
     "NVMLError_GpuIsLost": ("gpu_lost", "GPU lost, cannot {}"),
+    "NVMLError_Uninitialized": ("uninitialized", "NVML not initialised, cannot {}"),
     "NVMLError_NotSupported": ("not_supported", "cannot {}: not supported by this GPU or driver"),
     "NVMLError_Timeout": ("timeout", "timed out trying to {}"),
 }
@@ -53,6 +54,8 @@ _UNSUPPORTED = frozenset(
 )
 _NO_SUCH_DEVICE = frozenset({"NVMLError_InvalidArgument", "NVMLError_NotFound"})
 _NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+# One vLLM spans at most one node's GPUs (8-16); the cap bounds series and NVML calls.
+MAX_GPUS = 64
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,13 @@ class GpuMemory:
 class NvmlSample:
     gpus: tuple[GpuMemory, ...]
     selection: str  # how the GPUs were chosen, e.g. "CUDA_VISIBLE_DEVICES=0,1 (vLLM process env)"
+    left_out: int = 0  # devices beyond MAX_GPUS, not read
 
 
 @dataclass(frozen=True)
 class NvmlFailure:
-    # library_not_found, driver_not_loaded, no_permission, gpu_lost, not_supported, no_gpu,
-    # unknown_device, timeout, error
+    # library_not_found, driver_not_loaded, no_permission, gpu_lost, uninitialized,
+    # not_supported, no_gpu, unknown_device, timeout, error
     kind: str
     message: str  # one line for logs
 
@@ -186,7 +190,9 @@ class NvmlReader:
         if count == 0:
             raise _Failed(NvmlFailure("no_gpu", "NVML: no GPU visible to NVML"))
         devices = [str(i) for i in range(count)] if wanted is None else list(wanted)
-        return NvmlSample(tuple(self._gpu(device, count) for device in devices), selection)
+        left_out = max(0, len(devices) - MAX_GPUS)
+        gpus = tuple(self._gpu(device, count) for device in devices[:MAX_GPUS])
+        return NvmlSample(gpus, selection, left_out)
 
     def _gpu(self, device: str, count: int) -> GpuMemory:
         nvml, doing = self._nvml, f"query GPU {device}"

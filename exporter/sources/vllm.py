@@ -1,20 +1,39 @@
 """The vLLM server over HTTP: ``/metrics``, ``/v1/models`` and ``/version``, each bounded.
 
-Every request has a total timeout and every body a size cap, so a server that never
-answers, trickles a byte a second or sends 100 MB costs one poll, not the sidecar. Failures
-come back as ``SourceError`` with a stable ``kind`` for logs and metrics.
+Every request has a total timeout (connecting, headers and body together) and every body a
+size cap (``max_bytes`` for the page, ``MAX_JSON_BYTES`` for the two small JSON answers), so a
+server that never answers, trickles a byte a second or sends 100 MB costs one poll, not the
+sidecar. Bodies are asked for and read uncompressed (a gzip bomb cannot expand past the cap
+inside the HTTP client) and redirects are not followed. Failures come back as
+``SourceError`` with a stable ``kind`` for logs and metrics; messages never carry the
+password of a ``user:password@`` URL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter.sources.vllm_page import VllmPage, parse_page
+from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH, MAX_VALUE, VllmPage, parse_page
+
+# /v1/models and /version answer a few hundred bytes; a megabyte is generous.
+MAX_JSON_BYTES = 1 << 20
+MAX_MODEL_NAMES = 16
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, fit for logs and the status page."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
 
 
 class SourceError(Exception):
@@ -50,83 +69,128 @@ class VllmClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._max_bytes = max_bytes
 
-    async def _get(self, path: str, accept: str) -> bytes:
+    async def _get(self, path: str, accept: str, max_bytes: int) -> bytes:
         url = f"{self._base}{path}"
+        shown = redact(url)
         try:
             async with self._session.get(
-                url, timeout=self._timeout, headers={"Accept": accept}
+                url,
+                timeout=self._timeout,
+                headers={"Accept": accept, "Accept-Encoding": "identity"},
+                auto_decompress=False,
+                allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    raise SourceError("http_status", f"GET {url}: HTTP {resp.status}")
+                    raise SourceError("http_status", f"GET {shown}: HTTP {resp.status}")
+                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    raise SourceError(
+                        "encoding", f"GET {shown}: Content-Encoding {encoding[:40]!r} not asked for"
+                    )
                 declared = resp.content_length
-                if declared is not None and declared > self._max_bytes:
-                    raise SourceError("too_large", f"GET {url}: {declared} bytes > cap")
+                if declared is not None and declared > max_bytes:
+                    raise SourceError(
+                        "too_large", f"GET {shown}: {declared} bytes over the {max_bytes}-byte cap"
+                    )
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     size += len(chunk)
-                    if size > self._max_bytes:
+                    if size > max_bytes:
                         raise SourceError(
-                            "too_large", f"GET {url}: body over the {self._max_bytes}-byte cap"
+                            "too_large", f"GET {shown}: body over the {max_bytes}-byte cap"
                         )
                     chunks.append(chunk)
-                body = b"".join(chunks)
-                return body
+                return b"".join(chunks)
         except SourceError:
             raise
         except TimeoutError:
             raise SourceError(
-                "timeout", f"GET {url}: no complete answer within {self._timeout.total:g}s"
+                "timeout", f"GET {shown}: no complete answer within {self._timeout.total:g}s"
             ) from None
         except aiohttp.ClientConnectorError as e:
-            raise SourceError("refused", f"GET {url}: cannot connect ({e.os_error})") from None
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            raise SourceError("reset", f"GET {url}: connection broke mid-answer ({e})") from None
+            raise SourceError("refused", f"GET {shown}: cannot connect ({e.os_error})") from None
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            ConnectionResetError,
+        ) as e:
+            raise SourceError("reset", f"GET {shown}: connection broke mid-answer ({e})") from None
         except aiohttp.ClientError as e:
-            raise SourceError("error", f"GET {url}: {type(e).__name__}: {e}") from None
+            # aiohttp's messages can quote the URL it was given, password and all.
+            text = _one_line(str(e).replace(url, shown))
+            raise SourceError("error", f"GET {shown}: {type(e).__name__}: {text}") from None
 
     async def metrics(self) -> VllmPage:
         # Ask for the classic text format: Prometheus's own Accept header would get
         # OpenMetrics, whose counter and _created layout differs.
-        body = await self._get("/metrics", "text/plain; version=0.0.4")
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise SourceError("decode", f"/metrics is not UTF-8 (byte {e.start})") from None
-        page = parse_page(text)
-        if not page.engines:
-            raise SourceError("no_vllm_metrics", "/metrics answered but holds no vllm: series")
-        problem = incomplete(page, text)
-        if problem:
-            raise SourceError("incomplete", f"/metrics: {problem}")
-        return page
+        body = await self._get("/metrics", "text/plain; version=0.0.4", self._max_bytes)
+        return read_page(body)
 
     async def models(self) -> ModelCard:
         doc = await self._json("/v1/models")
         entries = doc.get("data") if isinstance(doc, dict) else None
         if not isinstance(entries, list) or not entries:
             raise SourceError("bad_json", "/v1/models: no data[] in the answer")
-        names = tuple(str(e.get("id")) for e in entries if isinstance(e, dict) and e.get("id"))
+        listed = entries[:MAX_MODEL_NAMES]
+        names = tuple(_short(e["id"]) for e in listed if isinstance(e, dict) and e.get("id"))
         first = entries[0] if isinstance(entries[0], dict) else {}
         length = first.get("max_model_len")
         root = first.get("root")
+        valid = isinstance(length, int) and not isinstance(length, bool) and length > 0
         return ModelCard(
             names=names,
-            max_model_len=length if isinstance(length, int) and length > 0 else None,
-            root=str(root) if root else None,
+            max_model_len=length if valid else None,
+            root=_short(root) if root else None,
         )
 
     async def version(self) -> str | None:
         doc = await self._json("/version")
         value = doc.get("version") if isinstance(doc, dict) else None
-        return str(value) if value else None
+        return _short(value) if value else None
 
     async def _json(self, path: str) -> Any:
-        body = await self._get(path, "application/json")
+        body = await self._get(path, "application/json", min(self._max_bytes, MAX_JSON_BYTES))
         try:
             return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        # RecursionError: ``[[[[…`` nested deeper than the interpreter's stack.
+        except (UnicodeDecodeError, ValueError, RecursionError):
             raise SourceError("bad_json", f"{path}: not JSON") from None
+
+
+def read_page(body: bytes) -> VllmPage:
+    """The body of ``/metrics`` as a page, or SourceError saying why it cannot be used."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SourceError("decode", f"/metrics is not UTF-8 (byte {e.start})") from None
+    page = parse_page(text)
+    if not page.engines:
+        raise SourceError("no_vllm_metrics", "/metrics answered but holds no vllm: series")
+    problem = incomplete(page, text)
+    if problem:
+        raise SourceError("incomplete", f"/metrics: {problem}")
+    return page
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    if len(text) <= MAX_LABEL_VALUE_LENGTH:
+        return text
+    return text[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _positive_int(text: str | None) -> bool:
+    """A label the sidecar divides or multiplies by: a whole number ≥ 1 (``128``, ``128.0``)."""
+    try:
+        v = float(text) if text is not None else math.nan
+    except ValueError:
+        return False
+    return 1 <= v <= MAX_VALUE and v == int(v)
 
 
 def incomplete(page: VllmPage, text: str) -> str | None:
@@ -143,6 +207,12 @@ def incomplete(page: VllmPage, text: str) -> str | None:
             return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
         if not e.cache_config or "block_size" not in e.cache_config:
             return f"engine {e.engine}: cache_config_info is missing or has no labels"
+        block_size = e.cache_config["block_size"]
+        if not _positive_int(block_size):
+            return f"engine {e.engine}: cache_config_info block_size={block_size[:40]!r}"
+        blocks = e.cache_config.get("num_gpu_blocks", "None")
+        if blocks != "None" and not _positive_int(blocks):
+            return f"engine {e.engine}: cache_config_info num_gpu_blocks={blocks[:40]!r}"
     return None
 
 

@@ -8,6 +8,12 @@ It understands every release's names (V0 ``gpu_cache_usage_perc``/``num_requests
 V1 ``kv_cache_usage_perc``, ``cache_config_info`` with whatever labels the release has),
 several engines (the ``engine`` label of data-parallel servers; V0 has none and is engine
 "0"), NaN (read as missing), duplicate series (last wins, reported) and pages cut short.
+
+Whatever the page holds, what comes out is bounded and sane: every value is a finite count
+no larger than 2**53 (±Inf, negatives and a usage above 1 are read as missing, like NaN), at
+most ``MAX_ENGINES`` engines, ``MAX_CACHE_CONFIG_LABELS`` cache_config labels per engine,
+label values cut to ``MAX_LABEL_VALUE_LENGTH`` characters, and ``MAX_PROBLEMS`` problems.
+What was left out is counted in ``VllmPage.limited``.
 """
 
 from __future__ import annotations
@@ -44,11 +50,36 @@ class EngineMetrics:
     cache_config: Mapping[str, str] | None = None
 
 
+# Cardinality bounds: a data-parallel vLLM runs a handful of engines and 0.32's
+# cache_config_info has 37 labels, so these only bite on a page that is broken or hostile,
+# and then keep one page from turning into thousands of series or megabytes of history.
+MAX_ENGINES = 64
+MAX_CACHE_CONFIG_LABELS = 128
+MAX_LABEL_VALUE_LENGTH = 256
+MAX_PROBLEMS = 20
+# Counts past 2**53 lose integer precision in a float and no real server reaches them.
+MAX_VALUE = float(1 << 53)
+# The labels the sidecar reads; kept first when cache_config_info has too many.
+_CACHE_CONFIG_KEPT = (
+    "block_size",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "kv_cache_size_tokens",
+    "kv_cache_memory_bytes",
+    "cpu_kvcache_space_bytes",
+    "cache_dtype",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+)
+
+
 @dataclass(frozen=True)
 class VllmPage:
     engines: tuple[EngineMetrics, ...]
     process_start_time: float | None = None
     problems: tuple[str, ...] = field(default=())
+    # What a limit left out: engines, cache_config_labels, label_values (cut short).
+    limited: Mapping[str, int] = field(default_factory=dict)
 
     def engine(self, name: str) -> EngineMetrics | None:
         return next((e for e in self.engines if e.engine == name), None)
@@ -89,6 +120,7 @@ _HIST_PARTS = {
     for base in _HISTOGRAMS
     for suffix in ("_bucket", "_sum", "_count")
 }
+_USAGE = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"})
 _CACHE_CONFIG = "vllm:cache_config_info"
 _WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _START_TIME = "process_start_time_seconds"
@@ -109,8 +141,9 @@ def _unescape(value: str) -> str:
 
 def parse_labels(text: str) -> dict[str, str] | None:
     """``a="1",b="x\\"y"`` → dict; None when the label set is malformed."""
-    if "\\" not in text:
-        # Without escapes a quote cannot occur inside a value, so '",' only separates pairs.
+    if "\\" not in text and '=",' not in text:
+        # Without escapes a quote cannot occur inside a value, so '",' only separates pairs
+        # (unless a value begins with a comma, which the general path below reads).
         labels: dict[str, str] = {}
         body = text.strip().rstrip(",")
         if not body:
@@ -134,6 +167,9 @@ def parse_labels(text: str) -> dict[str, str] | None:
 
 _LABEL_CACHE: dict[str, dict[str, str] | None] = {}
 _LABEL_CACHE_MAX = 4096
+# Only ordinary label sets are cached: a hostile page of long, ever-changing label sets
+# would otherwise pin up to _LABEL_CACHE_MAX of them, megabytes each, across polls.
+_LABEL_CACHE_TEXT_MAX = 2048
 
 
 def _labels_cached(text: str) -> dict[str, str] | None:
@@ -143,6 +179,8 @@ def _labels_cached(text: str) -> dict[str, str] | None:
     """
     labels = _LABEL_CACHE.get(text)
     if labels is None and text not in _LABEL_CACHE:
+        if len(text) > _LABEL_CACHE_TEXT_MAX:
+            return parse_labels(text)
         if len(_LABEL_CACHE) >= _LABEL_CACHE_MAX:
             _LABEL_CACHE.clear()
         labels = _LABEL_CACHE[text] = parse_labels(text)
@@ -150,11 +188,39 @@ def _labels_cached(text: str) -> dict[str, str] | None:
 
 
 def _value(text: str) -> float | None:
+    """A sample value the sidecar can count with; None for NaN, ±Inf, negatives, absurd."""
     try:
         v = float(text)
     except ValueError:
         return None
-    return None if math.isnan(v) else v
+    return v if 0.0 <= v <= MAX_VALUE else None
+
+
+def _bound(text: str) -> float | None:
+    """A histogram bucket's ``le``: a finite value or +Inf."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if v == math.inf or 0.0 <= v <= MAX_VALUE else None
+
+
+def _cut(value: str, limited: dict[str, int]) -> str:
+    if len(value) <= MAX_LABEL_VALUE_LENGTH:
+        return value
+    limited["label_values"] = limited.get("label_values", 0) + 1
+    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+
+
+def _cache_config(labels: Mapping[str, str], limited: dict[str, int]) -> dict[str, str]:
+    keys = [k for k in labels if k != "engine"]
+    if len(keys) > MAX_CACHE_CONFIG_LABELS:
+        wanted = set(_CACHE_CONFIG_KEPT)
+        keys.sort(key=lambda k: k not in wanted)  # stable: the page's order otherwise
+        dropped = len(keys) - MAX_CACHE_CONFIG_LABELS
+        limited["cache_config_labels"] = limited.get("cache_config_labels", 0) + dropped
+        keys = keys[:MAX_CACHE_CONFIG_LABELS]
+    return {k: _cut(labels[k], limited) for k in keys}
 
 
 class _Engine:
@@ -174,7 +240,8 @@ def parse_page(text: str) -> VllmPage:
     """Read the wanted series of a Prometheus text page; skip everything else unparsed."""
     engines: dict[str, _Engine] = {}
     cache_configs: dict[str, dict[str, str]] = {}
-    problems: list[str] = []
+    problems = _Problems()
+    limited: dict[str, int] = {}
     start_time: float | None = None
 
     if "\r" in text:
@@ -199,42 +266,54 @@ def parse_page(text: str) -> VllmPage:
                 continue
             label_text = ""
         if not rest or len(rest) > 2:
-            problems.append(f"unparsable line: {line[:80]!r}")
+            problems.add(f"unparsable line: {line[:80]!r}")
             continue
         value_text = rest[0]
         labels = cached.get(label_text)
         if labels is None:
             labels = _labels_cached(label_text)
             if labels is None:
-                problems.append(f"malformed labels: {line[:80]!r}")
+                problems.add(f"malformed labels: {line[:80]!r}")
                 continue
         hist = _HIST_PARTS.get(name)
         if name == _START_TIME:
             start_time = _value(value_text)
             continue
         key = labels.get("engine", "0")
+        if len(key) > MAX_LABEL_VALUE_LENGTH:
+            key = _cut(key, limited)
+        if (
+            key not in engines
+            and key not in cache_configs
+            and len(engines.keys() | cache_configs.keys()) >= MAX_ENGINES
+        ):
+            limited["engines"] = limited.get("engines", 0) + 1
+            continue
         if name == _CACHE_CONFIG:
-            cache_configs[key] = {k: v for k, v in labels.items() if k != "engine"}
+            cache_configs[key] = _cache_config(labels, limited)
             continue
         value = _value(value_text)
         eng = engines.get(key)
         if eng is None:
             eng = engines[key] = _Engine()
         if eng.model_name is None and "model_name" in labels:
-            eng.model_name = labels["model_name"]
+            eng.model_name = _cut(labels["model_name"], limited)
         series_id = (name, label_text)
         if series_id in eng.seen:
-            problems.append(f"duplicate series {name}{{{label_text}}}: last value kept")
+            problems.add(f"duplicate series {name}{{{label_text[:80]}}}: last value kept")
         eng.seen.add(series_id)
         if value is None:
             if value_text.lower() != "nan":
-                problems.append(f"bad value {value_text!r} for {name}")
+                problems.add(f"bad value {value_text[:40]!r} for {name}")
+            continue
+        if name in _USAGE and value > 1.0:
+            problems.add(f"bad value {value_text[:40]!r} for {name}: above 1")
             continue
         if hist is not None:
             base, suffix = hist
             if suffix == "_bucket":
                 le = labels.get("le")
-                bound = _value(le) if le is not None else None
+                bound = _bound(le) if le is not None else None
                 if bound is not None:
                     eng.buckets.setdefault(base, []).append((bound, value))
             elif suffix == "_sum":
@@ -253,13 +332,28 @@ def parse_page(text: str) -> VllmPage:
 
     for key in cache_configs:
         engines.setdefault(key, _Engine())
+    if problems.more:
+        problems.append(f"… and {problems.more} more")
     return VllmPage(
         engines=tuple(
             _build(key, eng, cache_configs.get(key)) for key, eng in sorted(engines.items())
         ),
         process_start_time=start_time,
         problems=tuple(problems),
+        limited=limited,
     )
+
+
+class _Problems(list[str]):
+    """The first MAX_PROBLEMS problems, and how many more there were."""
+
+    more = 0
+
+    def add(self, text: str) -> None:
+        if len(self) < MAX_PROBLEMS:
+            self.append(text)
+        else:
+            self.more += 1
 
 
 def _build(key: str, eng: _Engine, cache_config: Mapping[str, str] | None) -> EngineMetrics:

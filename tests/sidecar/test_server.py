@@ -143,6 +143,20 @@ async def test_flags_are_read_from_the_vllm_command_line(
     assert overcommit == 16 / fits
 
 
+async def test_of_several_vllms_on_the_host_the_one_serving_our_port_is_read(
+    fake_vllm: FakeVllm, make_rig: MakeRig, tmp_path: Path
+) -> None:
+    port = fake_vllm.url.rsplit(":", 1)[1].strip("/")
+    for pid, seqs, serves in ((4242, "16", "8001"), (4343, "24", port)):
+        proc = tmp_path / str(pid)
+        proc.mkdir()
+        argv = ["vllm", "serve", TINYLLAMA, "--max-num-seqs", seqs, "--port", serves]
+        (proc / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    rig = await make_rig(fake_vllm.url, scan=True, proc_path=str(tmp_path))
+    await rig.poll()
+    assert 'flag="max_num_seqs",source="vllm command line",value="24"' in rig.text
+
+
 def test_check_config_validates_and_exits_0(tmp_path: Path) -> None:
     cfg = tmp_path / "kv.yaml"
     cfg.write_text("vllm:\n  url: http://127.0.0.1:8000\npoll:\n  interval: 5s\n")
