@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.conftest import ThreadedVllm
+from tests.processes import ROOT
 from tests.sidecar.conftest import unused_port
 
 SERVE = [sys.executable, "-m", "exporter", "serve"]
@@ -138,16 +142,13 @@ def test_port_taken_exits_1_with_one_line_naming_the_address() -> None:
     assert "in use" in str(event["error"]).lower()
 
 
-def run_config(
-    path: Path, *extra: str, user: int | None = None
-) -> subprocess.CompletedProcess[str]:
+def run_config(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*SERVE, "--config.file", str(path), "--check-config", *extra],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        user=user,
     )
 
 
@@ -190,23 +191,48 @@ def test_missing_config_file_exits_2_naming_it(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_unreadable_config_file_exits_2_naming_it(tmp_path: Path) -> None:
-    path = tmp_path / "kv.yaml"
-    path.write_text("poll:\n  interval: 2s\n")
-    path.chmod(0o000)
-    tmp_path.chmod(0o755)
-    # root reads anything: run the sidecar as nobody, as it would run in a pod
-    user = 65534 if os.geteuid() == 0 else None
+def _unprivileged_python() -> list[str] | None:
+    """argv prefix running this Python's environment as nobody, or None where that cannot be.
+
+    Root reads any file, so the unreadable-file path is only reached as another user. The
+    interpreter must be one that user can execute (pyenv's lives under /root) and of this
+    minor version, so the environment's compiled packages load in it.
+    """
+    if os.geteuid() != 0:
+        return [sys.executable]
+    if shutil.which("setpriv") is None:
+        return None
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (sys.executable, shutil.which(minor), f"/usr/bin/{minor}"):
+        if not candidate or not Path(candidate).is_file():
+            continue
+        path = Path(candidate).resolve()
+        if not all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents)):
+            continue
+        return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", str(path)]
+    return None
+
+
+def test_unreadable_config_file_exits_2_naming_it() -> None:
+    python = _unprivileged_python()
+    if python is None:
+        pytest.skip("no setpriv or no Python an unprivileged user can run on this machine")
+    # pytest's tmp_path sits under a root-only directory: nobody must reach the file itself
+    base = Path(tempfile.mkdtemp(prefix="kv-unreadable-"))
     try:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import exporter"], capture_output=True, user=user, check=False
-        )
-    except OSError:
-        probe = None
-    if probe is None or probe.returncode != 0:
-        pytest.skip("the sidecar cannot run as an unprivileged user on this machine")
-    proc = run_config(path, user=user)
-    assert proc.returncode == 2
+        base.chmod(0o755)
+        path = base / "kv.yaml"
+        path.write_text("poll:\n  interval: 2s\n")
+        path.chmod(0o000)
+        paths = [str(ROOT), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+        proc = subprocess.run(
+            [*python, "-m", "exporter", "serve", "--config.file", str(path), "--check-config"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=base,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HOME": str(base)},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert proc.returncode == 2, proc.stderr
     assert "permission denied" in proc.stderr
     assert str(path) in proc.stderr
     assert "Traceback" not in proc.stderr
