@@ -218,7 +218,14 @@ def assess(inputs: Inputs) -> Risk:
     _, u_level = window(LEVEL_SECONDS)
     level = sum(u_level) / len(u_level)
     t_trend, u_trend = window(TREND_SECONDS)
-    trend = _slope(t_trend, u_trend) if last.t - pts[0].t >= TREND_MIN_SECONDS else 0.0
+    # The window's last half: a rise must still be going on there to count as a trend,
+    # and the swings are measured there, so that a step up (traffic that started, one
+    # long request that grew) is neither a trend nor noise once it is behind.
+    t_late, u_late = window((last.t - t_trend[0]) / 2)
+    late = _slope(t_late, u_late) if len(t_late) > 2 else 0.0
+    trend = 0.0
+    if last.t - pts[0].t >= TREND_MIN_SECONDS:
+        trend = min(_slope(t_trend, u_trend), late)
     forecast = level + max(0.0, trend) * HORIZON
     # Requests waiting now are admitted with their prompts as soon as blocks free up.
     p_mean = _moments(inputs.recent_prompt or inputs.prompt)
@@ -245,9 +252,9 @@ def assess(inputs: Inputs) -> Risk:
     # Near saturation steps slow down as the KV read grows and the occupancy swings wider
     # than independent arrivals explain: take the observed spread around the trend when
     # it is the larger.
-    mt = sum(t_trend) / len(t_trend)
-    mu = sum(u_trend) / len(u_trend)
-    residuals = [u - (mu + trend * (t - mt)) for t, u in zip(t_trend, u_trend, strict=True)]
+    mt = sum(t_late) / len(t_late)
+    mu = sum(u_late) / len(u_late)
+    residuals = [u - (mu + late * (t - mt)) for t, u in zip(t_late, u_late, strict=True)]
     observed = math.sqrt(sum(r * r for r in residuals) / len(residuals))
     spread = max(theory, observed)
     # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising

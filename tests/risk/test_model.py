@@ -87,6 +87,25 @@ def test_noise_around_a_steady_level_is_no_risk() -> None:
     assert assess(inputs(points)).preemption_risk < ALERT_THRESHOLD / 2
 
 
+def test_traffic_that_stepped_up_and_then_held_is_no_trend() -> None:
+    # Idle, then half full from t=100 and steady since: steep over the five minutes, flat
+    # over their last half. A step is not a ramp; projecting it would page on every
+    # morning's first traffic (real vLLM, one client after an idle minute, did).
+    jitter = random.Random(3)
+    points = history(
+        260,
+        lambda t: 0.0 if t < 100 else 0.5 + jitter.uniform(-0.05, 0.05),
+        lambda t: 0.0 if t < 100 else 25.0,
+    )
+    assert assess(inputs(points)).preemption_risk < ALERT_THRESHOLD
+
+
+def test_a_ramp_that_keeps_rising_is_still_a_trend() -> None:
+    # 10 % to 60 % over five minutes, rising in both halves: 80 % projected 180 s ahead.
+    points = history(300, lambda t: 0.1 + 0.5 * t / 300, lambda t: 5 + 30 * t / 300)
+    assert assess(inputs(points)).level_tokens > 84_000 * 0.75
+
+
 def test_a_restart_does_not_spike() -> None:
     # Growing fast and 85 % full, then vLLM restarts at t=300 and fills from empty.
     def usage(t: float) -> float:
