@@ -122,6 +122,11 @@ class ArchRun:
         return first_preemption(self.ramp.samples)
 
     @property
+    def safe_risk(self) -> list[float]:
+        """The risk while one client ran, after its first 30 s (the probe just ended)."""
+        return [v for t, v in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
+
+    @property
     def preemptions(self) -> float:
         return self.ramp.samples[-1].preemptions - self.ramp.samples[0].preemptions
 
@@ -286,7 +291,8 @@ def summary(run: StackRun) -> str:
         prom_lead = f"{preempting - imminent:+.0f} s" if imminent and preempting else "n/a"
         lines.append(
             f"{name}: capacity {tokens:,.0f} tokens in {blocks:,.0f} blocks (expected "
-            f"{expected:,.0f}); first preemption counted {first - a.started:.0f} s into the "
+            f"{expected:,.0f}); risk while safe at most {max(a.safe_risk, default=0):.2f}; "
+            f"first preemption counted {first - a.started:.0f} s into the "
             f"run, {a.preemptions:g} in all; risk alert {lead} before it; in Prometheus "
             f"{IMMINENT} {prom_lead} before {PREEMPTING}"
             if tokens is not None and blocks is not None and expected is not None and first
