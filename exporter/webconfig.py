@@ -17,11 +17,12 @@ forced by Python's TLS or aiohttp and each said where it applies:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -437,14 +438,12 @@ def ssl_context(config: WebConfig) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = _VERSIONS[tls.min_version]
     ctx.maximum_version = _VERSIONS[tls.max_version]
-    with tempfile.TemporaryDirectory(prefix="kv-headroom-tls-") as tmp:
-        # ssl loads a certificate chain from files only: inline PEM goes through a private
-        # temporary directory, removed as soon as it is read.
+    with contextlib.ExitStack() as stack:
         cert_file, key_file = tls.cert_file, tls.key_file
         if tls.cert is not None:
-            cert_file = _private_file(tmp, "cert.pem", tls.cert)
+            cert_file = stack.enter_context(_pem_in_memory("cert", tls.cert))
         if tls.key is not None:
-            key_file = _private_file(tmp, "key.pem", tls.key)
+            key_file = stack.enter_context(_pem_in_memory("key", tls.key))
         assert cert_file is not None
         assert key_file is not None
         named = {
@@ -488,12 +487,32 @@ def _loads_as_certificate(file: str) -> bool:
     return True
 
 
-def _private_file(folder: str, name: str, text: str) -> str:
-    path = os.path.join(folder, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+@contextlib.contextmanager
+def _pem_in_memory(name: str, text: str) -> Iterator[str]:
+    """A path OpenSSL can read inline PEM from, for as long as the context lasts.
+
+    ``ssl`` loads a certificate chain from files only. The pod's root filesystem is
+    read-only and a private key has no business on a disk: on Linux the PEM lives in an
+    anonymous memory file, reached through ``/proc/self/fd``; elsewhere in a private
+    temporary directory, removed as soon as it is read.
+    """
+    data = text.encode("utf-8")
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create(f"kv-headroom-{name}", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="kv-headroom-tls-") as folder:
+        file = os.path.join(folder, f"{name}.pem")
+        handle = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        yield file
 
 
 def allowed_san(peercert: Mapping[str, Any] | None, allowed: tuple[str, ...]) -> bool:

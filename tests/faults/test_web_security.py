@@ -5,23 +5,26 @@ the same middleware in-process for what needs no TLS."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config import Config
 from exporter.server import create_app
-from exporter.webconfig import parse_web_config
+from exporter.webconfig import parse_web_config, ssl_context
 from tests.faults.conftest import ThreadedVllm
 from tests.faults.test_process import events, listening, start, wait_until
 from tests.sidecar.conftest import TINYLLAMA, fixture_page, unused_port
@@ -288,3 +291,38 @@ async def test_a_password_with_a_colon_is_read_whole() -> None:
     finally:
         await client.close()
     assert resp.status == 200
+
+
+def handshake(server: ssl.SSLContext, trusted: Path) -> dict[str, object]:
+    """The certificate a client trusting ``trusted`` gets from ``server``, in memory."""
+    client = ssl.create_default_context(cafile=str(trusted))
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    c = client.wrap_bio(c_in, c_out, server_hostname="127.0.0.1")
+    s = server.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):  # TLS 1.3 needs two round trips; more means it is stuck
+        for side in (c, s):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                side.do_handshake()
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+    peer = c.getpeercert()
+    assert peer, "the handshake did not complete"
+    return dict(peer)
+
+
+@needs_openssl
+@pytest.mark.parametrize("inline", [False, True], ids=["files", "inline_pem"])
+def test_tls_loads_without_a_writable_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline: bool
+) -> None:
+    # The pod's root filesystem is read-only and has no /tmp: loading the certificate,
+    # given as files or inline, must not need a temporary file.
+    cert, key = make_certificate(tmp_path)
+    if inline:
+        tls = {"cert": cert.read_text(), "key": key.read_text()}
+    else:
+        tls = {"cert_file": str(cert), "key_file": str(key)}
+    config = parse_web_config(str(tmp_path / "web.yml"), yaml.safe_dump({"tls_server_config": tls}))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    peer = handshake(ssl_context(config), trusted=cert)
+    assert peer["subject"] == ((("commonName", "127.0.0.1"),),)
