@@ -2,7 +2,8 @@
 
 Per architecture: a vLLM server (dummy weights, a small KV cache), ``kv-headroom serve``
 next to it, and one Prometheus with rules/ scraping every vLLM and sidecar each second.
-First one streamed request of known length (tokens per running sequence), then one
+First streamed requests of known length, one at a time until the sidecar has read one
+running (tokens per running sequence) three times, then one
 closed-loop client for SAFE_S seconds (safe: the risk must stay low), then one more
 client every STEP_S seconds until vLLM counts a preemption (the context quantiles are
 checked then). The architectures run side by side; afterwards the load stops and
@@ -41,7 +42,11 @@ AFTER_PREEMPTION_S = 5.0
 RAMP_BOUND_S = SAFE_S + 30 * STEP_S
 # VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
 RESOLVE_BOUND_S = 7 * 60.0
-PROBE = Request(prompt_tokens=300, max_tokens=1500)  # long enough for several polls
+PROBE = Request(prompt_tokens=300, max_tokens=1500)
+# A fast server streams a probe in a few seconds, between two 2 s polls: stream probes one
+# after another until the sidecar has reported this many readings, at most PROBE_TRIES.
+PROBE_READINGS = 3
+PROBE_TRIES = 6
 PROBE_LOOKBACK_S = 6.0  # the sidecar's figure is at most this old (2 s polls, slow CPU)
 
 
@@ -105,6 +110,7 @@ class ArchRun:
     sidecar_text: str = ""  # the sidecar's, right after
     # (sidecar tokens per running sequence, tokens streamed PROBE_LOOKBACK_S before, now)
     probe: list[tuple[float, int, int]] = field(default_factory=list)
+    probes_streamed: int = 0  # each one is a finished request of PROBE's length
     # The sidecar's /metrics when vLLM first counted a preemption, and the requests that
     # had finished by then (all of them whole: none aborted yet).
     context_text: str = ""
@@ -155,6 +161,15 @@ def value(text: str, name: str, **labels: str) -> float | None:
 
 
 async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
+    while len(run.probe) < PROBE_READINGS and run.probes_streamed < PROBE_TRIES:
+        await _probe_once(server, sidecar, run)
+    run.vllm_text = await asyncio.to_thread(server.metrics_text)
+    run.sidecar_text = await asyncio.to_thread(sidecar.metrics)
+
+
+async def _probe_once(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
+    """One probe from an idle server (as the sidecar sees it, so that every reading of
+    one running request is of this one), read every 0.5 s while it streams."""
     progress: list[tuple[float, int]] = [(time.time(), 0)]
 
     async def on_progress(n: int) -> None:
@@ -168,8 +183,8 @@ async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
         assert time.monotonic() < deadline, "the server never looked idle to the sidecar"
         await asyncio.sleep(0.5)
     task = asyncio.create_task(
-        stream_one(server.url, model=server.model, request=PROBE, seed=987_654,
-                   on_progress=on_progress)
+        stream_one(server.url, model=server.model, request=PROBE,
+                   seed=987_654 + run.probes_streamed, on_progress=on_progress)
     )  # fmt: skip
     while not task.done():
         text = await asyncio.to_thread(sidecar.metrics)
@@ -179,8 +194,7 @@ async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
             run.probe.append((per_seq, streamed_at(now - PROBE_LOOKBACK_S), streamed_at(now)))
         await asyncio.sleep(0.5)
     await task
-    run.vllm_text = await asyncio.to_thread(server.metrics_text)
-    run.sidecar_text = await asyncio.to_thread(sidecar.metrics)
+    run.probes_streamed += 1
 
 
 async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
