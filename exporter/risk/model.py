@@ -8,7 +8,9 @@ fluctuates around a level set by the load. The model forecasts that level and th
 fluctuation, and asks how likely the occupancy is to touch the top within the horizon:
 
 * **level** — the mean occupancy over the last two minutes, plus its trend over the last
-  five (a least-squares slope) carried ``HORIZON`` seconds ahead when it is rising, plus
+  five (least-squares slopes: the smaller of the five minutes' and their last half's,
+  so that traffic that stepped up and then held is no ramp) carried ``HORIZON`` seconds
+  ahead when it is rising, plus
   the prompts of the requests waiting to be admitted; at least the level today's traffic
   mix settles at (Little's law on the last three minutes' requests);
 * **spread** — not the noisy spread of a few polls but the one the traffic implies: for
@@ -16,8 +18,8 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   times ``E[∫size²]/E[∫size]`` over a request's life, from the prompt- and
   generation-length histograms (a request of prompt P growing G tokens: ``(G·P² + P·G² +
   G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together; or the
-  observed spread around the trend when that is wider (near saturation steps slow down
-  and the swings grow);
+  observed spread around the last half's trend when that is wider (near saturation
+  steps slow down and the swings grow);
 * **score** — ``z = (capacity − level) / spread`` headroom in spreads; the score is
   logistic in z, 0.5 at ``Z_HALF`` spreads (calibrated on the simulator's scenario
   library by ``benchmarks/alert_quality.py``: a ranking score, not a probability);
