@@ -90,6 +90,14 @@ def ours(op: str, metric: str, *matchers: str, by: Sequence[str] = ()) -> str:
     return named(with_model(agg(op, sel(metric, *matchers), *by)))
 
 
+def expected_and_observed(op: str, metric: str, legend: str = "") -> list[Q]:
+    """A gauge the sidecar exports twice, from the flags and from vLLM, as two lines."""
+    return [
+        Q(ours(op, metric, f'source="{source}"'), f"{{{{target}}}} {legend}{source}")
+        for source in ("expected", "observed")
+    ]
+
+
 def rate(metric: str, base: str = POD) -> str:
     return f"rate({sel(metric, base=base)}[$__rate_interval])"
 
@@ -410,14 +418,7 @@ def capacity() -> dashboard_m.Dashboard:
                     Q(ours("max", "kv_headroom_memory_ceiling_bytes"), "{{target}} ceiling"),
                     Q(ours("max", "kv_headroom_weights_bytes"), "{{target}} weights"),
                     Q(ours("max", "kv_headroom_overhead_bytes"), "{{target}} overhead"),
-                    Q(
-                        ours("max", "kv_headroom_kv_budget_bytes", 'source="expected"'),
-                        "{{target}} KV budget expected",
-                    ),
-                    Q(
-                        ours("max", "kv_headroom_kv_budget_bytes", 'source="observed"'),
-                        "{{target}} KV budget observed",
-                    ),
+                    *expected_and_observed("max", "kv_headroom_kv_budget_bytes", "KV budget "),
                 ],
                 span=16,
                 height=9,
@@ -444,16 +445,7 @@ def capacity() -> dashboard_m.Dashboard:
                 "from vLLM. A gap means vLLM sized its cache differently than predicted; see "
                 "budget drift.",
                 "short",
-                [
-                    Q(
-                        ours("sum", "kv_headroom_kv_capacity_tokens", 'source="expected"'),
-                        "{{target}} expected",
-                    ),
-                    Q(
-                        ours("sum", "kv_headroom_kv_capacity_tokens", 'source="observed"'),
-                        "{{target}} observed",
-                    ),
-                ],
+                expected_and_observed("sum", "kv_headroom_kv_capacity_tokens"),
                 span=8,
             )
         )
@@ -463,16 +455,7 @@ def capacity() -> dashboard_m.Dashboard:
                 "KV cache blocks (vLLM's num_gpu_blocks, one reserved), summed over "
                 "data-parallel engines, expected vs observed.",
                 "short",
-                [
-                    Q(
-                        ours("sum", "kv_headroom_kv_capacity_blocks", 'source="expected"'),
-                        "{{target}} expected",
-                    ),
-                    Q(
-                        ours("sum", "kv_headroom_kv_capacity_blocks", 'source="observed"'),
-                        "{{target}} observed",
-                    ),
-                ],
+                expected_and_observed("sum", "kv_headroom_kv_capacity_blocks"),
                 span=8,
             )
         )
