@@ -142,14 +142,15 @@ def test_port_taken_exits_1_with_one_line_naming_the_address() -> None:
     assert "in use" in str(event["error"]).lower()
 
 
-def run_config(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    """``kv-headroom serve ARGS --check-config`` in a process of its own."""
     return subprocess.run(
-        [*SERVE, "--config.file", str(path), "--check-config", *extra],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [*SERVE, *args, "--check-config"], capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def run_config(path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return check_config("--config.file", str(path), *extra)
 
 
 BAD_CONFIGS = {

@@ -26,7 +26,7 @@ from exporter.config import Config
 from exporter.server import create_app
 from exporter.webconfig import parse_web_config, ssl_context
 from tests.faults.conftest import ThreadedVllm
-from tests.faults.test_process import events, listening, start, wait_until
+from tests.faults.test_process import check_config, events, listening, start, wait_until
 from tests.sidecar.conftest import TINYLLAMA, fixture_page, unused_port
 
 PASSWORD = "correct horse battery staple"
@@ -206,21 +206,7 @@ def test_invalid_web_config_exits_2_naming_file_and_key(tmp_path: Path, case: st
     content, expected = BAD_WEB_CONFIGS[case]
     web = tmp_path / "web.yml"
     web.write_text(content)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            "--web.config.file",
-            str(web),
-            "--check-config",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = check_config("--web.config.file", str(web))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert str(web) in proc.stderr
