@@ -544,6 +544,31 @@ def drive_bound(requests: Sequence[Request], concurrency: int) -> float:
     return 120.0 + tokens / 100.0
 
 
+async def complete_one(
+    session: aiohttp.ClientSession, base: str, model: str, req: Request, seed: int, what: str
+) -> tuple[int, int]:
+    """One unstreamed completion of ``req`` (prompt ids from ``seed``): vLLM's counts of
+    (prompt, completion) tokens. Raises naming ``what`` unless vLLM answers 200."""
+    payload = {
+        "model": model,
+        "prompt": prompt_ids(req.prompt_tokens, seed),
+        "max_tokens": req.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": False,
+    }
+    async with session.post(
+        base + "/v1/completions",
+        json=payload,
+        timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
+    ) as resp:
+        body = await resp.text()
+        if resp.status != 200:
+            raise RuntimeError(f"{what}: HTTP {resp.status}: {body[:1000]}")
+    usage = json.loads(body)["usage"]
+    return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+
+
 async def drive(
     url: str,
     requests: Sequence[Request],
@@ -603,26 +628,12 @@ async def drive(
     async def complete(session: aiohttp.ClientSession, index: int) -> None:
         req = requests[index]
         seed = index if req.prompt_seed is None else req.prompt_seed
-        payload = {
-            "model": model,
-            "prompt": prompt_ids(req.prompt_tokens, seed),
-            "max_tokens": req.max_tokens,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": False,
-        }
         t0 = time.monotonic()
-        async with session.post(
-            base + "/v1/completions",
-            json=payload,
-            timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
-        ) as resp:
-            body = await resp.text()
-            if resp.status != 200:
-                raise RuntimeError(f"request {index} ({req}): HTTP {resp.status}: {body[:1000]}")
+        prompt, completion = await complete_one(
+            session, base, model, req, seed, f"request {index} ({req})"
+        )
         latencies[index] = time.monotonic() - t0
-        usage = json.loads(body)["usage"]
-        completions[index] = (req, int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+        completions[index] = (req, prompt, completion)
 
     async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal next_index
@@ -726,25 +737,10 @@ async def drive_ramp(
     async def client(session: aiohttp.ClientSession) -> None:
         while True:
             req, index = requests(rng), next(sent)
-            payload = {
-                "model": model,
-                "prompt": prompt_ids(req.prompt_tokens, seed * 100_000 + index),
-                "max_tokens": req.max_tokens,
-                "ignore_eos": True,
-                "temperature": 0.0,
-            }
-            async with session.post(
-                base + "/v1/completions",
-                json=payload,
-                timeout=aiohttp.ClientTimeout(total=COMPLETION_TIMEOUT_S),
-            ) as resp:
-                body = await resp.text()
-                if resp.status != 200:
-                    raise RuntimeError(f"{req}: HTTP {resp.status}: {body[:1000]}")
-            usage = json.loads(body)["usage"]
-            result.completions.append(
-                (time.time(), int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+            prompt, completion = await complete_one(
+                session, base, model, req, seed * 100_000 + index, str(req)
             )
+            result.completions.append((time.time(), prompt, completion))
 
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
