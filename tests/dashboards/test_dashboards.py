@@ -8,7 +8,7 @@ from typing import Any
 
 from dashboards import generate
 from exporter.risk.model import ALERT_THRESHOLD
-from tests.dashboards.promql import metric_names
+from tests.promql import metric_names
 
 Boards = dict[str, dict[str, Any]]
 SCOPED = ("namespace", "model", "pod")

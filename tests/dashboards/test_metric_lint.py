@@ -12,7 +12,7 @@ import yaml
 
 from dashboards import generate
 from exporter.metrics import METRICS
-from tests.dashboards.promql import metric_names
+from tests.promql import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDING_RULE = re.compile(r"^[a-z_]+:[a-z0-9_:]+$")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.dashboards.promql import metric_names
+from tests.promql import metric_names
 
 
 def test_a_bare_selector_is_its_metric() -> None:

@@ -87,30 +87,3 @@ def runbook_anchors() -> set[str]:
         github_anchor(m.group(1))
         for m in re.finditer(r"^#{1,6}\s+(.+?)\s*$", RUNBOOK.read_text(), re.MULTILINE)
     }
-
-
-# PromQL, reduced to the tokens that can be metric names. Strings go first (a label
-# value or a label_replace regex may hold anything), then label matchers, ranges and
-# subqueries, then the label lists of by/without/on/ignoring/group_left/group_right.
-_STRINGS = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
-_MATCHERS = re.compile(r"\{[^{}]*\}")
-_RANGES = re.compile(r"\[[^\[\]]*\]")
-_LABEL_LISTS = re.compile(
-    r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
-)
-# Not preceded by a name character, a digit or a dot (the "d" of "1d", the "e9" of
-# "1e9"); not followed by more of a name or by "(" (functions and aggregations).
-_NAME = re.compile(r"(?<![\w:.])([A-Za-z_:][\w:]*)(?![\w:]|\s*\()")
-_KEYWORDS = frozenset(
-    {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
-    | {"group_left", "group_right", "inf", "nan"}
-)
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names an expression selects."""
-    text = _STRINGS.sub(" ", expr)
-    text = _MATCHERS.sub(" ", text)
-    text = _RANGES.sub(" ", text)
-    text = _LABEL_LISTS.sub(" ", text)
-    return {n for n in _NAME.findall(text) if n.lower() not in _KEYWORDS}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from exporter.metrics import METRICS
+from tests.promql import metric_names
 from tests.rules.rulefiles import (
     ROOT,
     RUNBOOK,
@@ -18,7 +19,6 @@ from tests.rules.rulefiles import (
     Rule,
     alerts,
     github_anchor,
-    metric_names,
     promtool_tests,
     records,
     runbook_anchors,

@@ -1,4 +1,4 @@
-"""Metric names referenced by a PromQL expression, without a full PromQL parser.
+"""Metric names a PromQL expression reads (a rule's or a dashboard panel's), without a full parser.
 
 Grafana variables, string literals, label matchers, ranges and the label lists of
 ``by``/``without``/``on``/``ignoring``/``group_left``/``group_right`` are removed first;
