@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -28,7 +29,7 @@ from exporter.simulator.nvml import SimulatedNvml
 from exporter.simulator.scenario import parse_duration
 from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, builtin_names, load_scenario
-from exporter.snapshot import Snapshot
+from exporter.snapshot import EngineView, Snapshot
 from exporter.sources.nvml import NvmlReader
 
 EXIT_OK = 0
@@ -118,10 +119,23 @@ async def demo(
     try:
         await site.start()
     except OSError as e:
-        print(f"kv-headroom demo: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr)
-        await runner.cleanup()
-        await sim_runner.cleanup()
-        return 1
+        # A sidecar (or an earlier demo) often holds the default port: the demo is a
+        # look around, so any free port will do, as long as the user is told which.
+        site = web.TCPSite(runner, host, 0)
+        try:
+            await site.start()
+        except OSError:
+            print(
+                f"kv-headroom demo: cannot listen on {host}:{port}: {e.strerror}", file=sys.stderr
+            )
+            await runner.cleanup()
+            await sim_runner.cleanup()
+            return 1
+        print(
+            f"kv-headroom demo: {host}:{port} is taken ({e.strerror}); "
+            f"listening on port {_port(site)} instead",
+            file=sys.stderr,
+        )
     sidecar = f"http://{host}:{_port(site)}"
     header = [
         f"kv-headroom demo · scenario {scenario_name}: {sim.scenario.description.strip()}",
@@ -215,9 +229,7 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
             f" · {v.sequences_per_request:.1f} sequences per request"
         )
     lines.append(f"preempted  {v.preemptions_total:,.0f} times since the sidecar started")
-    risk = getattr(v, "risk", None)
-    if risk is not None:
-        lines.append(risk)
+    lines.insert(1, risk_line(v))
     for g in snap.gpus:
         lines.append(
             f"GPU {g.index}      {g.used_bytes / 2**30:.1f} of {g.total_bytes / 2**30:.1f} GiB used"
@@ -226,13 +238,31 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     return "\n".join(lines)
 
 
+def _seconds(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:,.0f} s"
+
+
+def risk_line(v: EngineView) -> str:
+    """The headline: how likely vLLM preempts soon, and when the cache would run out."""
+    r = v.risk
+    if r is None:
+        return "risk       – (no opinion yet)"
+    return (
+        f"risk       {r.preemption_risk:4.2f}   exhaustion in {_seconds(r.seconds_to_exhaustion)}"
+        f"   overcommit {r.overcommit_ratio:.2f}×"
+    )
+
+
 def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     if not snap.engines:
         return f"t={elapsed:.0f}s waiting for the first poll"
     v = snap.engines[0]
     usage = (v.kv_usage or 0.0) * 100
+    risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
+    exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
     return (
-        f"t={elapsed:.0f}s sim={sim.now:.0f}s usage={usage:.1f}% running={_fmt(v.running)} "
+        f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
+        f"usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "
         f"preemptions={v.preemptions_total:.0f}"
     )
