@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
+from exporter.risk.bottleneck import RESOURCES
 from exporter.snapshot import EngineView, Snapshot
 from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH
 
@@ -77,7 +78,9 @@ METRICS: tuple[Spec, ...] = (
     Spec("overcommit_ratio", "gauge", _E, "Expected remaining growth of the running sequences (committed_tokens) over the free KV tokens; above 1 the running batch will not fit.", "ratio", "risk model"),
     Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
     Spec("seconds_to_exhaustion", "gauge", _E, "Free KV tokens over the growth of used tokens (trend over the last minute); +Inf when not growing.", "seconds", "risk model"),
-    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and waiting queue vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
+    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
+    Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
+    Spec("bottleneck", "gauge", ("engine", "resource"), "What keeps waiting requests from being admitted: 1 for the binding resource (kv_cache, max_num_seqs, compute, stalled, none), 0 for the others.", "bool", "risk model"),
     # gpu
     Spec("gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory total (NVML).", "bytes", "NVML"),
     Spec("gpu_memory_used_bytes", "gauge", ("gpu",), "GPU memory used by every process (NVML).", "bytes", "NVML"),
@@ -285,6 +288,10 @@ class SnapshotCollector:
             f.add("committed_tokens", [e], v.risk.committed_tokens)
             f.add("seconds_to_exhaustion", [e], v.risk.seconds_to_exhaustion)
             f.add("preemption_risk", [e], v.risk.preemption_risk)
+            f.add("risk_history_seconds", [e], v.risk.history_seconds)
+        if v.bottleneck is not None:
+            for resource in RESOURCES:
+                f.add("bottleneck", [e, resource], 1.0 if resource == v.bottleneck else 0.0)
 
     @staticmethod
     def _info(f: _Families, snap: Snapshot) -> None:

@@ -24,6 +24,7 @@ from exporter.capacity.plan import Plan
 from exporter.capacity.releases import Release, TokenLine
 from exporter.deployment import Resolved, label_value
 from exporter.observe import History, Observation, Totals
+from exporter.risk.bottleneck import classify
 from exporter.risk.model import Inputs, Point, Risk, assess
 from exporter.sources.vllm_page import EngineMetrics
 
@@ -70,6 +71,9 @@ class EngineView:
     prefix_cache_extra_sequences: int | None
     stale: bool  # vLLM did not answer this poll: load figures are withheld
     risk: Risk | None = None
+    # What keeps waiting requests from being admitted (risk/bottleneck.py), and why.
+    bottleneck: str | None = None
+    bottleneck_evidence: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,10 +224,12 @@ def engine_view(
         extra = occupancy.usable_blocks // per - at_p95
 
     risk = None
+    bottleneck = None
     if not stale and occupancy is not None and recent:
+        points = _points(recent, raw.engine)
         risk = assess(
             Inputs(
-                points=_points(recent, raw.engine),
+                points=points,
                 capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
                 block_size=occupancy.block_size,
                 max_num_seqs=max_num_seqs,
@@ -235,6 +241,15 @@ def engine_view(
                     recent, raw.engine, now_totals, "generation_len"
                 ),
             )
+        )
+        current = [p for p in points if points and p.epoch == points[-1].epoch]
+        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
+        typical = recent_prompt or prompt
+        bottleneck = classify(
+            current,
+            occupancy.usable_blocks * occupancy.block_size,
+            max_num_seqs,
+            typical.sum / typical.count if typical is not None and typical.count else None,
         )
 
     return EngineView(
@@ -262,6 +277,8 @@ def engine_view(
         prefix_cache_extra_sequences=extra,
         stale=stale,
         risk=risk,
+        bottleneck=bottleneck.resource if bottleneck is not None else None,
+        bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
     )
 
 
@@ -297,6 +314,8 @@ def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
                 totals.requests_finished,
                 totals.generation_tokens,
                 obs.epoch,
+                totals.prompt_tokens,
+                totals.preemptions,
             )
         )
     return out
