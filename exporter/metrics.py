@@ -86,6 +86,8 @@ METRICS: tuple[Spec, ...] = (
     # self
     Spec("source_up", "gauge", ("source",), "1 when the source answered the last poll (vllm, nvml, model).", "bool", "sidecar"),
     Spec("source_last_success_timestamp_seconds", "gauge", ("source",), "When the source last answered (Unix time).", "seconds", "sidecar"),
+    Spec("source_poll_duration_seconds", "gauge", ("source",), "How long the source's part of the last poll took, answered or not.", "seconds", "sidecar"),
+    Spec("source_missing_info", "gauge", ("source", "what"), "What an answering source lacks that the sidecar reads (e.g. vllm cache_config_info: no observed capacity); value 1, absent when nothing is missing.", "info", "sidecar"),
     Spec("poll_errors", "counter", ("source",), "Polls in which the source failed.", "count", "sidecar"),
     Spec("poll_duration_seconds", "gauge", (), "Duration of the last poll, sources to snapshot.", "seconds", "sidecar"),
     Spec("cardinality_limited", "gauge", ("limit",), "What a cardinality limit left out of the last poll: engines beyond 64, gpus beyond 64, cache_config_labels beyond 128 per engine, label_values cut to 256 characters; 0 within the limits.", "count", "sidecar"),
@@ -217,6 +219,9 @@ class SnapshotCollector:
             f.add("source_up", [src.name], 1 if src.up else 0)
             f.add("source_last_success_timestamp_seconds", [src.name], src.last_success)
             f.add("poll_errors", [src.name], src.errors_total)
+            f.add("source_poll_duration_seconds", [src.name], src.poll_duration_seconds)
+            for what in src.missing:
+                f.add("source_missing_info", [src.name, what], 1)
         f.add("poll_duration_seconds", [], snap.poll_duration_seconds)
         f.add("build_info", [__version__, platform.python_version()], 1)
         self._info(f, snap)
@@ -247,8 +252,7 @@ class SnapshotCollector:
             f.add("kv_budget_bytes", [e, "expected"], plan.kv_budget_bytes)
             f.add("kv_capacity_tokens", [e, "expected"], plan.cap.capacity_tokens)
             f.add("kv_capacity_blocks", [e, "expected"], plan.cap.num_blocks)
-            if v.num_blocks is not None and plan.cap.num_blocks:
-                f.add("budget_drift_ratio", [e], v.num_blocks / plan.cap.num_blocks)
+        f.add("budget_drift_ratio", [e], v.budget_drift_ratio)
         f.add("kv_budget_bytes", [e, "observed"], v.budget_bytes)
         f.add("kv_capacity_tokens", [e, "observed"], v.capacity_tokens)
         f.add("kv_capacity_blocks", [e, "observed"], v.num_blocks)
@@ -289,8 +293,7 @@ class SnapshotCollector:
     @staticmethod
     def _info(f: _Families, snap: Snapshot) -> None:
         d = snap.deployment
-        plan = snap.expected
-        block = d.int_("block_size") or (plan.block_size if plan else None)
+        block = snap.block_size
         f.add(
             "info",
             [

@@ -20,11 +20,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from exporter.log import get_logger
+from exporter.sources.base import Outcome, Readings, Stage
 from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH, MAX_VALUE, VllmPage, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
 MAX_JSON_BYTES = 1 << 20
 MAX_MODEL_NAMES = 16
+CARD_REFRESH_SECONDS = 60.0
 
 
 def redact(url: str) -> str:
@@ -233,3 +236,56 @@ async def gather_vllm(
         if isinstance(r, BaseException) and not isinstance(r, SourceError):
             raise r
     return page_r, card, version
+
+
+class VllmSource:
+    """``/metrics`` every poll; ``/v1/models`` and ``/version`` every minute and on restart."""
+
+    name = "vllm"
+    stage = Stage.FIRST
+    reports_health = True
+
+    def __init__(self, client: VllmClient) -> None:
+        self._client = client
+        self._card_due = 0.0
+        self._page_problems = False
+        self._log = get_logger()
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        want_card = now >= self._card_due
+        readings.page = None
+        try:
+            page, card, version = await gather_vllm(self._client, want_card=want_card)
+        except SourceError as e:
+            return e.kind, str(e)
+        if want_card:
+            readings.card = card or readings.card
+            readings.version = version or readings.version
+            self._card_due = now + CARD_REFRESH_SECONDS if card else now
+        # Once when a page starts to carry problems (duplicates, bad values), once when it is
+        # clean again: the page is still used, so this is a warning, not a source down.
+        if page.problems and not self._page_problems:
+            self._log.warning(
+                "vllm_page_problems", first=page.problems[0], count=len(page.problems)
+            )
+        elif not page.problems and self._page_problems:
+            self._log.info("vllm_page_clean")
+        self._page_problems = bool(page.problems)
+        readings.page = page
+        return None
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        """The model and its limits may be new: read the card again now, not in a minute."""
+        card, version = await asyncio.gather(
+            self._client.models(), self._client.version(), return_exceptions=True
+        )
+        if isinstance(card, ModelCard):
+            readings.card, self._card_due = card, now + CARD_REFRESH_SECONDS
+        else:
+            self._card_due = now  # the next poll asks again
+        if isinstance(version, str):
+            readings.version = version
+        for result in (card, version):
+            # A SourceError leaves the old card in place; anything else is a bug to show.
+            if isinstance(result, BaseException) and not isinstance(result, SourceError):
+                raise result

@@ -80,6 +80,9 @@ class VllmPage:
     problems: tuple[str, ...] = field(default=())
     # What a limit left out: engines, cache_config_labels, label_values (cut short).
     limited: Mapping[str, int] = field(default_factory=dict)
+    # Series the sidecar reads that this page lacks, by name (e.g. cache_config_info):
+    # the page is used for what it has.
+    missing: tuple[str, ...] = ()
 
     def engine(self, name: str) -> EngineMetrics | None:
         return next((e for e in self.engines if e.engine == name), None)
