@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -173,7 +173,8 @@ def read_page(body: bytes) -> VllmPage:
     problem = incomplete(page, text)
     if problem:
         raise SourceError("incomplete", f"/metrics: {problem}")
-    return page
+    lacking = missing(page)
+    return replace(page, missing=lacking) if lacking else page
 
 
 def _short(value: object) -> str:
@@ -200,8 +201,10 @@ def incomplete(page: VllmPage, text: str) -> str | None:
     """Why a page cannot be trusted whole, or None.
 
     The exposition format ends every line with a newline, so a missing one means the body
-    was cut; and every release since 0.5 exposes, per engine, running requests, KV usage
-    and ``cache_config_info`` with its ``block_size`` label.
+    was cut; every release exposes, per engine, running requests and KV usage; and a
+    ``cache_config_info`` that is there must hold sizes the sidecar can divide by. One
+    that is absent (an older or trimmed exporter) is not a reason to distrust the rest:
+    ``missing`` names it and the page is used for what it has.
     """
     if not text.endswith("\n"):
         return "the page ends mid-line (truncated)"
@@ -209,7 +212,7 @@ def incomplete(page: VllmPage, text: str) -> str | None:
         if e.running is None or e.kv_usage is None:
             return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
         if not e.cache_config or "block_size" not in e.cache_config:
-            return f"engine {e.engine}: cache_config_info is missing or has no labels"
+            continue
         block_size = e.cache_config["block_size"]
         if not _positive_int(block_size):
             return f"engine {e.engine}: cache_config_info block_size={block_size[:40]!r}"
@@ -217,6 +220,14 @@ def incomplete(page: VllmPage, text: str) -> str | None:
         if blocks != "None" and not _positive_int(blocks):
             return f"engine {e.engine}: cache_config_info num_gpu_blocks={blocks[:40]!r}"
     return None
+
+
+def missing(page: VllmPage) -> tuple[str, ...]:
+    """What the sidecar reads that this page lacks: ``cache_config_info`` (or its
+    ``block_size`` label) on any engine means no observed capacity for that engine."""
+    if any(not e.cache_config or "block_size" not in e.cache_config for e in page.engines):
+        return ("cache_config_info",)
+    return ()
 
 
 async def gather_vllm(
