@@ -19,7 +19,13 @@ from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
 from exporter.snapshot import EngineView, Snapshot
-from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH
+from exporter.sources.nvml import MAX_GPUS
+from exporter.sources.vllm_page import (
+    MAX_CACHE_CONFIG_LABELS,
+    MAX_ENGINES,
+    MAX_LABEL_VALUE_LENGTH,
+    cut_label,
+)
 
 PREFIX = "kv_headroom_"
 # Values are written exactly as prometheus_client writes them (Go's float format).
@@ -90,7 +96,7 @@ METRICS: tuple[Spec, ...] = (
     Spec("source_missing_info", "gauge", ("source", "what"), "What an answering source lacks that the sidecar reads (e.g. vllm cache_config_info: no observed capacity); value 1, absent when nothing is missing.", "info", "sidecar"),
     Spec("poll_errors", "counter", ("source",), "Polls in which the source failed.", "count", "sidecar"),
     Spec("poll_duration_seconds", "gauge", (), "Duration of the last poll, sources to snapshot.", "seconds", "sidecar"),
-    Spec("cardinality_limited", "gauge", ("limit",), "What a cardinality limit left out of the last poll: engines beyond 64, gpus beyond 64, cache_config_labels beyond 128 per engine, label_values cut to 256 characters; 0 within the limits.", "count", "sidecar"),
+    Spec("cardinality_limited", "gauge", ("limit",), f"What a cardinality limit left out of the last poll: engines beyond {MAX_ENGINES}, gpus beyond {MAX_GPUS}, cache_config_labels beyond {MAX_CACHE_CONFIG_LABELS} per engine, label_values cut to {MAX_LABEL_VALUE_LENGTH} characters; 0 within the limits.", "count", "sidecar"),
     Spec("build_info", "gauge", ("version", "python_version"), "The sidecar's version; value 1.", "info", "sidecar"),
     Spec("info", "gauge", ("model", "attention_kind", "kv_cache_dtype", "block_size", "tensor_parallel_size", "pipeline_parallel_size", "vllm_version"), "The deployment as the sidecar sees it; value 1.", "info", "deployment"),
     Spec("deployment_flag_info", "gauge", ("flag", "value", "source"), "Each deployed vLLM flag and where the sidecar learnt it; value 1.", "info", "deployment"),
@@ -114,10 +120,7 @@ class _Families:
         # no label value leaves the sidecar longer than the parser keeps its own.
         if any(len(v) > MAX_LABEL_VALUE_LENGTH for v in values):
             self.cut += sum(len(v) > MAX_LABEL_VALUE_LENGTH for v in values)
-            values = tuple(
-                v if len(v) <= MAX_LABEL_VALUE_LENGTH else v[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
-                for v in values
-            )
+            values = tuple(cut_label(v) for v in values)
         self._samples.setdefault(name, []).append((values, float(value)))
 
     def families(self) -> Iterator[Metric]:

@@ -22,7 +22,7 @@ import aiohttp
 
 from exporter.log import get_logger
 from exporter.sources.base import Outcome, Readings, Stage
-from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH, MAX_VALUE, VllmPage, parse_page
+from exporter.sources.vllm_page import MAX_VALUE, VllmPage, cut_label, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
 MAX_JSON_BYTES = 1 << 20
@@ -178,10 +178,7 @@ def read_page(body: bytes) -> VllmPage:
 
 
 def _short(value: object) -> str:
-    text = str(value)
-    if len(text) <= MAX_LABEL_VALUE_LENGTH:
-        return text
-    return text[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+    return cut_label(str(value))
 
 
 def _one_line(text: str) -> str:

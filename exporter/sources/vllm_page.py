@@ -208,11 +208,19 @@ def _bound(text: str) -> float | None:
     return v if v == math.inf or 0.0 <= v <= MAX_VALUE else None
 
 
+def cut_label(value: str) -> str:
+    """A label value from outside, at most ``MAX_LABEL_VALUE_LENGTH`` characters (``…``
+    marks a cut): the one rule for the page, /v1/models, /version and the collector."""
+    if len(value) <= MAX_LABEL_VALUE_LENGTH:
+        return value
+    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+
+
 def _cut(value: str, limited: dict[str, int]) -> str:
     if len(value) <= MAX_LABEL_VALUE_LENGTH:
         return value
     limited["label_values"] = limited.get("label_values", 0) + 1
-    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+    return cut_label(value)
 
 
 def _cache_config(labels: Mapping[str, str], limited: dict[str, int]) -> dict[str, str]:
