@@ -24,6 +24,7 @@ from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.releases import parse_version
 from exporter.errors import InputError
+from exporter.sources.vllm import redact
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 
 ENV_PREFIX = "KV_HEADROOM_"
@@ -263,13 +264,6 @@ def _show(value: object) -> str:
     return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
-def _show_url(url: str) -> str:
-    parts = urlsplit(url)  # a status page must not print a password from the URL
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
-
-
 @dataclass(frozen=True)
 class _Spec:
     key: str  # dotted, as in the YAML file
@@ -292,7 +286,7 @@ def _dep(name: str, parse: Parser, show: Callable[[Any], str] = _show) -> _Spec:
 
 
 _SPECS = (
-    _Spec("vllm.url", "vllm_url", _url, _show_url),
+    _Spec("vllm.url", "vllm_url", _url, redact),
     _Spec("vllm.timeout", "vllm_timeout_seconds", _duration, _show_duration),
     _Spec("vllm.max_page_bytes", "vllm_max_page_bytes", _size, _show_size),
     _Spec("web.listen_address", "listen_address", _address),
