@@ -10,10 +10,11 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
   cache did not grow, while either nothing was generated or a request would fit (the
   batch below ``max_num_seqs``, a prompt's worth of tokens free): the scheduler stopped
   admitting (the hang vLLM users report while ``/health`` answers 200). Cure: restart.
-* ``kv_cache`` — vLLM preempted in the last ``WINDOW_SECONDS``, or the free tokens do not
-  hold a typical prompt: the cache is full. Cure: more KV (fp8 KV, memory, TP).
-* ``max_num_seqs`` — the batch is at ``max_num_seqs``. Cure: raise it (if the cache holds
-  that many sequences) or scale out.
+* ``kv_cache`` — vLLM preempted in the last ``WINDOW_SECONDS``: the cache is full. Cure:
+  more KV (fp8 KV, memory, TP).
+* ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
+  first). Cure: raise it (if the cache holds that many sequences) or scale out.
+* ``kv_cache`` — the free tokens do not hold a typical prompt.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
 * ``none`` — nobody waits.
@@ -92,16 +93,16 @@ def classify(
                 f"{waiting}; vLLM preempted {preempted:,.0f} times in the last "
                 f"{last.t - first.t:.0f} s ({last.usage:.0%} of the cache used)",
             )
-    if prompt > 0 and free < prompt:
-        return Bottleneck(
-            "kv_cache",
-            f"{waiting}; {free:,.0f} KV tokens free, a typical prompt needs {prompt:,.0f}",
-        )
     if max_num_seqs is not None and last.running >= max_num_seqs:
         return Bottleneck(
             "max_num_seqs",
             f"{waiting}; {last.running:,.0f} running = max_num_seqs {max_num_seqs:,} "
             f"with {last.usage:.0%} of the cache used",
+        )
+    if prompt > 0 and free < prompt:
+        return Bottleneck(
+            "kv_cache",
+            f"{waiting}; {free:,.0f} KV tokens free, a typical prompt needs {prompt:,.0f}",
         )
     seqs = f" of max_num_seqs {max_num_seqs:,}" if max_num_seqs is not None else ""
     return Bottleneck(

@@ -57,10 +57,9 @@ def test_recent_preemptions_make_it_kv_cache_even_with_room_now() -> None:
     assert b.resource == "kv_cache"
 
 
-def test_a_kv_bound_full_batch_is_kv_cache_not_max_num_seqs() -> None:
-    # Raising max_num_seqs would not help: the cache binds too.
+def test_a_full_batch_binds_before_a_full_cache_as_vllm_checks_it_first() -> None:
     b = classify(polls(60, usage=0.995, running=64, waiting=10), CAPACITY, 64, 1500)
-    assert b.resource == "kv_cache"
+    assert b.resource == "max_num_seqs"
 
 
 def test_a_queue_with_no_progress_and_a_free_cache_is_stalled() -> None:
