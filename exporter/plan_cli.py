@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporter.capacity.arch import parse_config
+from exporter.capacity.catalogue import describe
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
@@ -147,7 +148,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
         for model in load_catalogue():
-            print(model.name)
+            print(f"{model.name:<48} {describe(model)}")
         return EXIT_OK
     if args.list_gpus:
         for gpu in GPU_CATALOGUE:

@@ -107,6 +107,8 @@ class ModelArch:
     moe: MoE | None
     mla: MLADims | None
     quantization: Quantization | None
+    vision_params: int = 0  # a multimodal model's vision tower, loaded with it
+    final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
     notes: tuple[str, ...] = ()
 
@@ -292,6 +294,7 @@ _MLA_MODEL_TYPES = frozenset(
         "longcat_flash",
         "pangu_ultra_moe",
         "glm4_moe_lite",
+        "glm_moe_dsa",  # GLM-5: DeepSeek-V3.2-style MLA with a sparse-attention indexer
         "mistral_large_3",
     }
 )
@@ -364,6 +367,11 @@ def parse_config(
         )
 
     kinds = _layer_kinds(r, model_type, num_layers, approximate, notes)
+    if mla is not None and r.has("index_topk"):
+        approximate.append(
+            "sparse attention (DSA): the indexer's own key cache (about index_head_dim bytes per "
+            "token per layer) is not counted"
+        )
     layers: list[LayerKV] = []
     for kind, window in kinds:
         if kind is LayerKind.MAMBA:
@@ -398,6 +406,8 @@ def parse_config(
         moe=_moe(r),
         mla=mla,
         quantization=_quantization(config, inner, origin),
+        vision_params=vision_params(config),
+        final_logit_softcapping=_softcap(r),
         approximate=tuple(dict.fromkeys(approximate)),
         notes=tuple(dict.fromkeys(notes)),
     )
@@ -674,13 +684,23 @@ def _max_model_len(r: _Reader) -> int | None:
     return length
 
 
+def _softcap(r: _Reader) -> float | None:
+    value = r.raw("final_logit_softcapping")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 def _moe(r: _Reader) -> MoE | None:
-    experts = r.int_("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    # 0 experts is how dense members of MoE families (Granite 4 dense-hybrid) say "no MoE".
+    experts = r.int_(
+        "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", positive=False
+    )
     if not experts or experts <= 1:
         return None
     per_token = r.int_("num_experts_per_tok", "moe_top_k", "top_k", "num_experts_per_token") or 2
     inter = r.int_("moe_intermediate_size", "intermediate_size") or 0
-    shared = r.int_("shared_expert_intermediate_size") or 0
+    shared = r.int_("shared_expert_intermediate_size", positive=False) or 0
     n_shared = r.int_("n_shared_experts", "num_shared_experts")
     if not shared and n_shared:
         shared = n_shared * inter
@@ -724,14 +744,63 @@ def _quantization(
         bits = _compressed_tensors_bits(q)
     else:
         bits = 16.0
-    return Quantization(method or "unknown", bits, method == "mxfp4", kv_bits)
+    experts_only = method == "mxfp4" or not _quantizes_attention(q)
+    return Quantization(method or "unknown", bits, experts_only, kv_bits)
 
 
 def _compressed_tensors_bits(q: Mapping[str, Any]) -> float:
+    """Bits per weight of the first group that quantizes weights, its group scales included."""
     groups = q.get("config_groups")
     if isinstance(groups, Mapping):
         for group in groups.values():
             weights = group.get("weights") if isinstance(group, Mapping) else None
             if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
-                return float(weights["num_bits"])
+                bits = float(weights["num_bits"])
+                size = weights.get("group_size")
+                if weights.get("strategy") == "group" and isinstance(size, int) and size > 0:
+                    bits += 16.0 / size  # one 16-bit scale per group
+                return bits
     return 16.0
+
+
+def _quantizes_attention(q: Mapping[str, Any]) -> bool:
+    """False when the checkpoint leaves attention in the model dtype (an ignore entry for it).
+
+    Kimi-K2.5's int4 release, for one, quantizes only the routed experts.
+    """
+    ignore = q.get("ignore") or q.get("modules_to_not_convert") or ()
+    if not isinstance(ignore, list):
+        return True
+    return not any(isinstance(x, str) and "self_attn" in x and "re:" in x for x in ignore)
+
+
+def vision_params(config: Mapping[str, Any]) -> int:
+    """Parameters of a vision tower from ``vision_config`` (0 when there is none).
+
+    Per block: the q, k, v, o projections (4·h²) and a gated (3·h·i) or plain (2·h·i) MLP,
+    plus the patch embedding; a projector into the language model's width is small next to
+    them. An estimate: vLLM loads the tower with the model, so it takes GPU memory.
+    """
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+
+    def num(*keys: str) -> int:
+        for key in keys:
+            value = vc.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return 0
+
+    h = num("hidden_size", "embed_dim", "width")
+    depth = num("depth", "num_hidden_layers", "num_layers")
+    inter = num("intermediate_size", "mlp_dim") or 4 * h
+    if not h or not depth:
+        return 0
+    gated = str(vc.get("hidden_act") or "") in ("silu", "swiglu")
+    mlp = (3 if gated else 2) * h * inter
+    patch = num("patch_size") or 14
+    channels = num("in_chans", "num_channels") or 3
+    temporal = num("temporal_patch_size") or 1
+    out = num("out_hidden_size") or h
+    return depth * (4 * h * h + mlp) + patch * patch * channels * temporal * h + h * out
