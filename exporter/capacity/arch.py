@@ -49,6 +49,7 @@ class StateShape:
     conv_elems: int
     ssm_elems: int
     ssm_dtype_bytes: int | None = None  # None: the model dtype
+    gated_delta: bool = False  # a Gated DeltaNet layer (Qwen3-Next, Qwen3.5)
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,11 @@ class LayerKV:
     window: int | None = None  # sliding window W or attention chunk C, in tokens
     state: StateShape | None = None  # MAMBA only
 
-    def bytes_per_token(self, tp: int, dtype_bytes: int) -> int:
+    def bytes_per_token(self, tp: int, dtype_bytes: float) -> int:
         """Bytes one token costs in this layer on one GPU (0 for constant-size state)."""
         if self.kind is LayerKind.MAMBA:
             return 0
-        return kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes
+        return int(kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes)
 
 
 def kv_heads_per_gpu(layer: LayerKV, tp: int) -> int:
@@ -108,6 +109,7 @@ class ModelArch:
     mla: MLADims | None
     quantization: Quantization | None
     vision_params: int = 0  # a multimodal model's vision tower, loaded with it
+    partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
     notes: tuple[str, ...] = ()
@@ -407,6 +409,7 @@ def parse_config(
         mla=mla,
         quantization=_quantization(config, inner, origin),
         vision_params=vision_params(config),
+        partial_rotary_factor=_rotary_factor(r),
         final_logit_softcapping=_softcap(r),
         approximate=tuple(dict.fromkeys(approximate)),
         notes=tuple(dict.fromkeys(notes)),
@@ -630,7 +633,7 @@ def _state_shape(r: _Reader, hidden: int | None, approximate: list[str]) -> Stat
         v_dim = r.int_("linear_value_head_dim", required=True) or 0
         kernel = r.int_("linear_conv_kernel_dim") or 4
         conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
-        return StateShape((kernel - 1) * conv_dim, v_heads * k_dim * v_dim)
+        return StateShape((kernel - 1) * conv_dim, v_heads * k_dim * v_dim, gated_delta=True)
     # Mamba2 (Nemotron-H, Granite-4, Bamba, Zamba2, Falcon-H1).
     if r.has("mamba_n_heads") or r.has("mamba_num_heads") or r.has("ssm_state_size"):
         state = r.int_("ssm_state_size", "mamba_d_state", "state_size", required=True) or 0
@@ -682,6 +685,16 @@ def _max_model_len(r: _Reader) -> int | None:
             else:
                 length = int(length * factor)
     return length
+
+
+def _rotary_factor(r: _Reader) -> float:
+    value = r.raw("partial_rotary_factor")
+    if value is None:
+        params = r.raw("rope_parameters")
+        value = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    return 1.0
 
 
 def _softcap(r: _Reader) -> float | None:
