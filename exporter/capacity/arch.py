@@ -109,6 +109,7 @@ class ModelArch:
     mla: MLADims | None
     quantization: Quantization | None
     vision_params: int = 0  # a multimodal model's vision tower, loaded with it
+    vision_profile_elems: int = 0  # patches of the largest image × the tower's MLP width
     partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
@@ -409,6 +410,7 @@ def parse_config(
         mla=mla,
         quantization=_quantization(config, inner, origin),
         vision_params=vision_params(config),
+        vision_profile_elems=vision_profile_elems(config),
         partial_rotary_factor=_rotary_factor(r),
         final_logit_softcapping=_softcap(r),
         approximate=tuple(dict.fromkeys(approximate)),
@@ -785,6 +787,33 @@ def _quantizes_attention(q: Mapping[str, Any]) -> bool:
     if not isinstance(ignore, list):
         return True
     return not any(isinstance(x, str) and "self_attn" in x and "re:" in x for x in ignore)
+
+
+# Qwen-VL processors' default max_pixels (12,845,056 = 65,536 patches of 14²): towers
+# without a fixed image_size take images up to this many patches.
+_DYNAMIC_RES_PATCHES = 65_536
+
+
+def vision_profile_elems(config: Mapping[str, Any]) -> int:
+    """What vLLM's encoder profile run pushes through one MLP: patches × intermediate width.
+
+    vLLM profiles the encoder with the largest image the processor allows; a fixed-size
+    tower (SigLIP in Gemma 3: image_size / patch_size squared) sees that many patches, a
+    dynamic-resolution one (Qwen-VL) up to the processor's max_pixels.
+    """
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+    inter = vc.get("intermediate_size") or vc.get("mlp_dim")
+    hidden = vc.get("hidden_size") or vc.get("embed_dim")
+    if not isinstance(inter, int) or not isinstance(hidden, int):
+        return 0
+    image, patch = vc.get("image_size"), vc.get("patch_size") or 14
+    if isinstance(image, int) and isinstance(patch, int) and patch > 0:
+        patches = (image // patch) ** 2
+    else:
+        patches = _DYNAMIC_RES_PATCHES
+    return patches * inter
 
 
 def vision_params(config: Mapping[str, Any]) -> int:

@@ -60,6 +60,11 @@ class OverheadModel:
     # the start-up baseline, out of non-torch memory.
     sampler_warmup_bytes: float = 4.0
     cublas_baseline: int = 32 << 20
+    # Structural terms not fitted (no start-up of such a model is in the fixtures):
+    # soft-capping the logits (tanh(x / c) · c) materialises one more fp32 copy of them;
+    # the encoder profile run pushes the largest image through the vision tower, whose
+    # MLP peaks like the language model's (the same forward_bytes per element).
+    softcap_bytes: float = 4.0
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 18, 0), int(0.25 * GIB)),
         ((0, 0, 0), int(0.13 * GIB)),
@@ -85,6 +90,8 @@ class ActivationInputs:
     dtype_bytes: int
     tp: int
     pp: int
+    logits_softcap: bool = False  # Gemma 2: tanh soft-capping writes one more fp32 copy
+    encoder_elems: int = 0  # a vision tower's profile: patches × MLP width (0: text only)
 
 
 def activation_peaks(
@@ -100,12 +107,16 @@ def activation_peaks(
         per_entry *= model.sampler_early_factor
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
+    if a.logits_softcap:
+        per_entry += model.softcap_bytes
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     sampler = per_entry * requests * a.vocab_size
+    encoder = model.forward_bytes * a.encoder_elems * a.dtype_bytes / a.tp
+    first = max(forward, encoder)  # the vision tower runs on the first stage
     if a.pp == 1:
-        return (int(max(forward, sampler)),)
+        return (int(max(first, sampler)),)
     received = 2 * a.max_num_batched_tokens * a.hidden_size * a.dtype_bytes
-    return tuple([int(forward)] * (a.pp - 1) + [int(sampler + received)])
+    return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
 
 
 def non_torch_bytes(

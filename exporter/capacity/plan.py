@@ -360,7 +360,9 @@ def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
     if req.weights_bytes is not None:
         sources["weights"] = req.weights_source
         return req.weights_bytes
-    estimate = estimate_weights_bytes(req.arch, req.arch.dtype, req.quantization)
+    estimate = estimate_weights_bytes(
+        req.arch, req.arch.dtype, req.quantization, native_fp4=req.gpu.family == "blackwell"
+    )
     if estimate is not None:
         sources["weights"] = "estimate (config parameters × dtype/quantization)"
     return estimate
@@ -384,7 +386,13 @@ def _stage_memory(
     requested = requested_memory(req.gpu.total_bytes, utilization, rel)
     weights = (
         stage_weight_bytes(
-            arch, total_weights, tp=tp, pp=pp, dtype=arch.dtype, quantization=req.quantization
+            arch,
+            total_weights,
+            tp=tp,
+            pp=pp,
+            dtype=arch.dtype,
+            quantization=req.quantization,
+            native_fp4=req.gpu.family == "blackwell",
         )
         if total_weights is not None
         else (0,) * pp
@@ -403,6 +411,8 @@ def _stage_memory(
             dtype_bytes=dtype_bytes,
             tp=tp,
             pp=pp,
+            logits_softcap=arch.final_logit_softcapping is not None,
+            encoder_elems=arch.vision_profile_elems,
         ),
         rel,
         req.overhead,

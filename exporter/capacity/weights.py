@@ -105,11 +105,24 @@ class WeightBytes:
         return self.embed + self.lm_head + sum(self.layers) + self.final_norm + self.vision
 
 
+# MXFP4 keeps one 8-bit E8M0 scale per 32 values. GPUs without native FP4 (before
+# Blackwell) run it through Triton/Marlin kernels that hold the scales as 16-bit values:
+# 4.5 bits a weight, not 4.25. gpt-oss-120b on one H100 loads 64.38 GiB (vLLM 0.14.1,
+# issue 33155) and 65.97 GiB (0.10.1 Marlin, issue 23278) against 60.7 GiB at 4.25 bits.
+_MXFP4_UPCAST_BITS = 4.0 + 16.0 / 32
+
+
 def weight_bytes(
-    arch: ModelArch, params: ParamCount, dtype: str, quantization: str | None
+    arch: ModelArch,
+    params: ParamCount,
+    dtype: str,
+    quantization: str | None,
+    *,
+    native_fp4: bool = True,
 ) -> WeightBytes:
     """Bytes per place. ``quantization`` is vLLM's ``--quantization`` (online, e.g. fp8);
-    without it the config's ``quantization_config`` decides."""
+    without it the config's ``quantization_config`` decides. ``native_fp4``: the GPU
+    computes in FP4 (Blackwell), so MX scales stay 8-bit."""
     dt = DTYPE_BYTES[dtype]
     bits = float(dt * 8)
     q = arch.quantization
@@ -117,6 +130,8 @@ def weight_bytes(
         bits = 8.0
     elif q is not None and q.weight_bits < bits:
         bits = q.weight_bits
+        if q.method == "mxfp4" and not native_fp4:
+            bits = _MXFP4_UPCAST_BITS
     # An experts-only scheme (gpt-oss mxfp4, Kimi-K2.5 int4) keeps attention, dense MLPs
     # and shared experts in the model dtype; quantizing a dense model, all of them count.
     rest_bits = dt * 8 if q is not None and q.experts_only else bits
@@ -129,12 +144,14 @@ def weight_bytes(
     )
 
 
-def estimate_weights_bytes(arch: ModelArch, dtype: str, quantization: str | None) -> int | None:
+def estimate_weights_bytes(
+    arch: ModelArch, dtype: str, quantization: str | None, *, native_fp4: bool = True
+) -> int | None:
     """The whole checkpoint as vLLM loads it, from the config; None when sizes are missing."""
     params = count_params(arch)
     if params is None:
         return None
-    return weight_bytes(arch, params, dtype, quantization).total
+    return weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4).total
 
 
 def stage_weight_bytes(
@@ -145,6 +162,7 @@ def stage_weight_bytes(
     pp: int,
     dtype: str,
     quantization: str | None,
+    native_fp4: bool = True,
 ) -> tuple[int, ...]:
     """Bytes each GPU of each PP stage loads: ``total_bytes`` split as vLLM places it.
 
@@ -156,7 +174,7 @@ def stage_weight_bytes(
     params = count_params(arch)
     if params is None:
         return tuple(total_bytes * len(r) // (arch.num_layers * tp) for r in stages)
-    wb = weight_bytes(arch, params, dtype, quantization)
+    wb = weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4)
     scale = total_bytes / wb.total
     if pp == 1:
         return (total_bytes // tp,)
