@@ -60,11 +60,12 @@ class OverheadModel:
     # the start-up baseline, out of non-torch memory.
     sampler_warmup_bytes: float = 4.0
     cublas_baseline: int = 32 << 20
-    # Structural terms not fitted (no start-up of such a model is in the fixtures):
-    # soft-capping the logits (tanh(x / c) · c) materialises one more fp32 copy of them;
-    # the encoder profile run pushes the largest image through the vision tower, whose
-    # MLP peaks like the language model's (the same forward_bytes per element).
-    softcap_bytes: float = 4.0
+    # Structural terms, not fitted (no start-up of such a model is in the fixtures): the
+    # encoder profile run pushes the largest image through the vision tower, whose MLP
+    # peaks like the language model's (the same forward_bytes per element); soft-capped
+    # logits (Gemma 2: tanh(x / c) · c in compute_logits) hold three model-dtype copies
+    # at once, freed before sampling starts.
+    softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 18, 0), int(0.25 * GIB)),
         ((0, 0, 0), int(0.13 * GIB)),
@@ -107,10 +108,11 @@ def activation_peaks(
         per_entry *= model.sampler_early_factor
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
-    if a.logits_softcap:
-        per_entry += model.softcap_bytes
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     sampler = per_entry * requests * a.vocab_size
+    copies = model.softcap_copies if a.logits_softcap else 1
+    logits = copies * a.dtype_bytes * requests * a.vocab_size
+    sampler = max(sampler, logits)  # the logits phase ends before the sampler's begins
     encoder = model.forward_bytes * a.encoder_elems * a.dtype_bytes / a.tp
     first = max(forward, encoder)  # the vision tower runs on the first stage
     if a.pp == 1:
