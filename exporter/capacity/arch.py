@@ -275,8 +275,14 @@ _MODEL_DEFAULTS: dict[str, dict[str, object]] = {
         "vocab_size": 262208,
         "hidden_size": 2304,
         "intermediate_size": 9216,
+        "tie_word_embeddings": True,
     },
-    "gemma2": {"head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 8192},
+    "gemma2": {
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,  # Gemma ties its LM head to the embedding
+    },
     "llama4_text": {
         "attention_chunk_size": 8192,
         "no_rope_layer_interval": 4,

@@ -86,3 +86,11 @@ def test_moe_and_vision_variants_share_their_family() -> None:
     assert family_of("qwen3_moe") == "qwen3"
     assert family_of("qwen3_vl_moe_text") == "qwen3"
     assert family_of("llama") == "llama"
+
+
+def test_weight_estimate_matches_a_published_checkpoint() -> None:
+    # google/gemma-2-9b-it's safetensors index: total_size 18,483,411,968 B (tied LM head).
+    arch = parse_config(fixture_config("google__gemma-2-9b-it"), "gemma2")
+    estimate = estimate_weights_bytes(arch, arch.dtype, None)
+    assert estimate is not None
+    assert abs(estimate - 18_483_411_968) < 0.001 * 18_483_411_968
