@@ -111,7 +111,8 @@ def load_groups(path: Path) -> list[Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
         raise GenerateError(f"{_relative(path)}: expected a mapping with a list under 'groups'")
-    return data["groups"]
+    groups: list[Any] = data["groups"]
+    return groups
 
 
 def prometheus_rule(path: Path, groups: list[Any]) -> dict[str, Any]:
