@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -218,7 +218,7 @@ def missing(page: VllmPage) -> tuple[str, ...]:
 
 
 async def gather_vllm(
-    client: VllmClient, *, want_card: bool
+    client: VllmApi, *, want_card: bool
 ) -> tuple[VllmPage, ModelCard | None, str | None]:
     """``/metrics`` (required) and, when asked, ``/v1/models`` and ``/version`` (optional)."""
     if not want_card:
@@ -236,6 +236,17 @@ async def gather_vllm(
     return page_r, card, version
 
 
+class VllmApi(Protocol):
+    """What the sidecar asks of a vLLM server: ``VllmClient`` over HTTP, or the replay's
+    simulation answering in-process."""
+
+    async def metrics(self) -> VllmPage: ...
+
+    async def models(self) -> ModelCard: ...
+
+    async def version(self) -> str | None: ...
+
+
 class VllmSource:
     """``/metrics`` every poll; ``/v1/models`` and ``/version`` every minute and on restart."""
 
@@ -243,7 +254,7 @@ class VllmSource:
     stage = Stage.FIRST
     reports_health = True
 
-    def __init__(self, client: VllmClient) -> None:
+    def __init__(self, client: VllmApi) -> None:
         self._client = client
         self._card_due = 0.0
         self._page_problems = False
