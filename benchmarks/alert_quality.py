@@ -142,8 +142,8 @@ def evaluate(replays: Sequence[Replay]) -> dict[str, object]:
             "median_lead_seconds": statistics.median(found) if found else None,
             "worst_lead_seconds": found[0] if found else None,
             "false_alarm_minutes": round(
-                sum(s["rules"][rule.name]["false_alarm_minutes"] for s in safe),
-                2,  # type: ignore[index]
+                sum(s["rules"][rule.name]["false_alarm_minutes"] for s in safe),  # type: ignore[index]
+                2,
             ),
         }
     return {"rules": rules, "scenarios": scenarios}

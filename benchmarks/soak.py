@@ -44,6 +44,7 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,9 +61,9 @@ from exporter.config import Config
 from exporter.metrics import families_by_name
 from exporter.poller import PollerDeps
 from exporter.server import HANDLER_LIMITS, POLLER, create_app
-from exporter.simulator.faults import FAULTS, ScriptedVllm
 from exporter.simulator.nvml import SimulatedNvml
 from exporter.sources.nvml import NvmlReader
+from tests.scripted_vllm import FAULTS, ScriptedVllm
 
 INTERVAL = 2.0
 TIMEOUT = 0.25  # hang and trickle cost this much real time per poll
@@ -152,7 +153,7 @@ class EventCounter:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
-    def __call__(self, _logger: Any, _name: str, event: dict[str, Any]) -> Any:
+    def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> Any:
         self.counts[str(event.get("event"))] += 1
         raise structlog.DropEvent
 

@@ -7,7 +7,6 @@ sidecar's ``deployment:`` config. Pure: every input is passed in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,23 +15,13 @@ from exporter.capacity.gpus import CPU, Gpu, lookup_gpu
 from exporter.capacity.plan import PlanRequest
 from exporter.capacity.releases import DEFAULT_VERSION, release
 from exporter.errors import InputError
+from exporter.sources.vllm_page import CacheConfig
 
 FROM_CACHE_CONFIG = "vllm cache_config_info"
 FROM_MODELS = "vllm /v1/models"
 FROM_VERSION = "vllm /version"
 FROM_CMDLINE = "vllm command line"
 FROM_CONFIG = "sidecar config"
-
-# cache_config_info label → (flag, type). Every release since 0.5 has these but the last two.
-_CACHE_CONFIG_FLAGS: dict[str, tuple[str, type]] = {
-    "block_size": ("block_size", int),
-    "cache_dtype": ("kv_cache_dtype", str),
-    "gpu_memory_utilization": ("gpu_memory_utilization", float),
-    "num_gpu_blocks_override": ("num_gpu_blocks_override", int),
-    "enable_prefix_caching": ("enable_prefix_caching", bool),
-    "kv_cache_memory_bytes": ("kv_cache_memory_bytes", int),
-    "cpu_kvcache_space_bytes": ("kv_cache_memory_bytes", int),  # V1 CPU backend 0.9.2-0.19
-}
 
 FLAGS = (
     "vllm_version",
@@ -55,24 +44,6 @@ FLAGS = (
     "gpu",
     "weights_bytes",
 )
-
-
-def label_value(text: str | None, kind: type) -> object | None:
-    """A ``cache_config_info`` label (``str()`` of a Python value) as a typed value."""
-    if text is None or text in ("None", "", "null"):
-        return None
-    try:
-        if kind is bool:
-            return {"True": True, "False": False}.get(text)
-        if kind is int:
-            return int(float(text))
-        if kind is float:
-            number = float(text)
-            return number if math.isfinite(number) else None
-    # OverflowError: "inf" or "1e400" read as a whole number.
-    except (ValueError, OverflowError):
-        return None
-    return text
 
 
 @dataclass(frozen=True)
@@ -102,7 +73,7 @@ class Resolved:
 
 def resolve(
     *,
-    cache_config: Mapping[str, str] | None,
+    cache_config: CacheConfig | None,
     max_model_len: int | None,
     version: str | None,
     served_model: str | None = None,
@@ -118,9 +89,15 @@ def resolve(
             values[key] = value
             origin[key] = source
 
-    for label, (key, kind) in _CACHE_CONFIG_FLAGS.items():
-        if cache_config is not None:
-            offer(key, label_value(cache_config.get(label), kind), FROM_CACHE_CONFIG)
+    if cache_config is not None:
+        cc = cache_config
+        offer("block_size", cc.block_size, FROM_CACHE_CONFIG)
+        offer("kv_cache_dtype", cc.cache_dtype, FROM_CACHE_CONFIG)
+        offer("gpu_memory_utilization", cc.gpu_memory_utilization, FROM_CACHE_CONFIG)
+        offer("num_gpu_blocks_override", cc.num_gpu_blocks_override, FROM_CACHE_CONFIG)
+        offer("enable_prefix_caching", cc.enable_prefix_caching, FROM_CACHE_CONFIG)
+        offer("kv_cache_memory_bytes", cc.kv_cache_memory_bytes, FROM_CACHE_CONFIG)
+        offer("kv_cache_memory_bytes", cc.cpu_kvcache_space_bytes, FROM_CACHE_CONFIG)
     offer("max_model_len", max_model_len, FROM_MODELS)
     offer("model", served_model, FROM_MODELS)
     offer("vllm_version", version, FROM_VERSION)

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exporter.capacity.histogram import Histogram, histogram_delta
-from exporter.sources.vllm_page import MAX_ENGINES, EngineMetrics, VllmPage
+from exporter.sources.vllm_page import MAX_ENGINES, CacheConfig, EngineMetrics, VllmPage
 
 # Per-engine counter state is kept across polls so totals survive restarts; engines that
 # stop appearing are forgotten, least recently seen first, beyond this many.
@@ -120,14 +120,15 @@ class Observation:
     epoch: int = 0  # counts vLLM restarts seen: trends never span one
 
 
-# The cache_config_info labels that size the cache: only a restart changes them.
+# The cache_config_info figures that size the cache: only a restart changes them.
 _CAPACITY_FIELDS = ("num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "cache_dtype")
 
 
 def capacity_changes(before: EngineMetrics, now: EngineMetrics) -> dict[str, str]:
-    """The cache_config_info labels that size the cache and differ between two reads."""
-    a, b = before.cache_config or {}, now.cache_config or {}
-    return {k: f"{a.get(k)} → {b.get(k)}" for k in _CAPACITY_FIELDS if a.get(k) != b.get(k)}
+    """The cache_config_info figures that size the cache and differ between two reads."""
+    a, b = before.cache_config or CacheConfig(), now.cache_config or CacheConfig()
+    changed = {k: (getattr(a, k), getattr(b, k)) for k in _CAPACITY_FIELDS}
+    return {k: f"{x} → {y}" for k, (x, y) in changed.items() if x != y}
 
 
 @dataclass(frozen=True)

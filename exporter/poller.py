@@ -34,7 +34,7 @@ from exporter.sources.cmdline import Flags, ProcessSource, VllmProcess, find_vll
 from exporter.sources.cmdline import parse_flags as _parse_flags
 from exporter.sources.model_dir import ModelDirSource, ModelSource, load_model
 from exporter.sources.nvml import NvmlReader, NvmlSource
-from exporter.sources.vllm import VllmClient, VllmSource
+from exporter.sources.vllm import VllmApi, VllmSource
 
 
 def _read_flags(process: VllmProcess) -> Flags:
@@ -54,7 +54,7 @@ class PollerDeps:
 
 
 class Poller:
-    def __init__(self, config: Config, client: VllmClient, deps: PollerDeps | None = None):
+    def __init__(self, config: Config, client: VllmApi, deps: PollerDeps | None = None):
         self.config = config
         self._client = client
         self._deps = deps or PollerDeps()

@@ -27,7 +27,7 @@ from exporter.capacity.live import (
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
 from exporter.config import Deployment
-from exporter.deployment import Resolved, gpu_for_plan, label_value, plan_request, resolve
+from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
 from exporter.risk.bottleneck import classify
@@ -35,7 +35,7 @@ from exporter.risk.model import Inputs, Point, Risk, assess
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GpuMemory
-from exporter.sources.vllm_page import EngineMetrics
+from exporter.sources.vllm_page import CacheConfig, EngineMetrics
 
 __all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build", "deployment_of"]
 
@@ -138,11 +138,11 @@ def _window_ratio(
 
 
 def observed_capacity_tokens(
-    cache_config: Mapping[str, str], num_blocks: int, block_size: int, plan: Plan | None
+    cache_config: CacheConfig, num_blocks: int, block_size: int, plan: Plan | None
 ) -> int:
     """vLLM's own token count: its label (0.24+), else what its release prints."""
-    label = label_value(cache_config.get("kv_cache_size_tokens"), int)
-    if isinstance(label, int) and label >= 0:
+    label = cache_config.kv_cache_size_tokens
+    if label is not None and label >= 0:
         return label
     if plan is None:
         return num_blocks * block_size
@@ -166,28 +166,22 @@ def engine_view(
     max_model_len: int | None,
     recent: Sequence[Observation] = (),
 ) -> EngineView:
-    cc = raw.cache_config or {}
-    num_blocks = label_value(cc.get("num_gpu_blocks"), int)
-    block_size = label_value(cc.get("block_size"), int)
+    cc = raw.cache_config or CacheConfig()
+    num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
     layout: Layout | None = None
-    if plan is not None and isinstance(block_size, int) and plan.block_size == block_size:
+    if plan is not None and block_size is not None and plan.block_size == block_size:
         layout = plan.layout
     occupancy = None
     capacity_tokens = budget = None
     # A block size of 0 would divide by zero below; the source marks such a page incomplete,
     # and this keeps a history that still holds one from failing every later poll.
-    if (
-        isinstance(num_blocks, int)
-        and isinstance(block_size, int)
-        and num_blocks > 0
-        and block_size > 0
-    ):
+    if num_blocks is not None and block_size is not None and num_blocks > 0 and block_size > 0:
         occupancy = Occupancy(num_blocks, block_size, raw.kv_usage or 0.0, raw.running or 0.0)
         capacity_tokens = observed_capacity_tokens(cc, num_blocks, block_size, plan)
         # vLLM's own KV memory figure when it reports one (given memory, CPU backend);
         # else what its blocks occupy.
-        given = label_value(cc.get("kv_cache_memory_bytes"), int)
-        if isinstance(given, int) and given >= 0:
+        given = cc.kv_cache_memory_bytes
+        if given is not None and given >= 0:
             budget = given
         elif layout is not None and plan is not None:
             budget = num_blocks * layout.stage_bytes_per_block(plan.cap.tightest_stage)
@@ -254,8 +248,8 @@ def engine_view(
         waiting_for_capacity=None if stale else raw.waiting_for_capacity,
         kv_usage=None if stale else raw.kv_usage,
         preemptions_total=now_totals.preemptions if now_totals else 0.0,
-        num_blocks=num_blocks if isinstance(num_blocks, int) else None,
-        block_size=block_size if isinstance(block_size, int) else None,
+        num_blocks=num_blocks,
+        block_size=block_size,
         capacity_tokens=capacity_tokens,
         budget_bytes=budget,
         occupancy=None if stale else occupancy,
@@ -275,7 +269,7 @@ def engine_view(
         bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
         budget_drift_ratio=(
             num_blocks / plan.cap.num_blocks
-            if plan is not None and isinstance(num_blocks, int) and plan.cap.num_blocks
+            if plan is not None and num_blocks is not None and plan.cap.num_blocks
             else None
         ),
     )
@@ -440,11 +434,14 @@ def bytes_per_token(expected: Plan | None, history: History) -> tuple[float | No
     good = history.last_good()
     if good is None or good.page is None or not good.page.engines:
         return None, None
-    cc = good.page.engines[0].cache_config or {}
-    memory = label_value(cc.get("kv_cache_memory_bytes"), int)
-    tokens = label_value(cc.get("kv_cache_size_tokens"), int)
-    override = label_value(cc.get("num_gpu_blocks_override"), int)
-    if isinstance(memory, int) and isinstance(tokens, int) and tokens > 0 and override is None:
+    cc = good.page.engines[0].cache_config or CacheConfig()
+    memory, tokens = cc.kv_cache_memory_bytes, cc.kv_cache_size_tokens
+    if (
+        memory is not None
+        and tokens is not None
+        and tokens > 0
+        and cc.num_gpu_blocks_override is None
+    ):
         return memory / tokens, "implied: kv_cache_memory_bytes ÷ kv_cache_size_tokens"
     return None, None
 

@@ -76,7 +76,7 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
         ),
     )
     deps = PollerDeps(clock=lambda: clock[0], find_processes=lambda _p: [])
-    poller = Poller(config, _SimulatedClient(sim, clock), deps)  # type: ignore[arg-type]
+    poller = Poller(config, _SimulatedClient(sim, clock), deps)
     ticks = []
     while clock[0] < scenario.duration:
         clock[0] += interval

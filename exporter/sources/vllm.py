@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from exporter.log import get_logger
 from exporter.sources.base import Outcome, Readings, Stage
-from exporter.sources.vllm_page import MAX_VALUE, VllmPage, cut_label, parse_page
+from exporter.sources.vllm_page import VllmPage, cut_label, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
 MAX_JSON_BYTES = 1 << 20
@@ -185,15 +184,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
-def _positive_int(text: str | None) -> bool:
-    """A label the sidecar divides or multiplies by: a whole number ≥ 1 (``128``, ``128.0``)."""
-    try:
-        v = float(text) if text is not None else math.nan
-    except ValueError:
-        return False
-    return 1 <= v <= MAX_VALUE and v == int(v)
-
-
 def incomplete(page: VllmPage, text: str) -> str | None:
     """Why a page cannot be trusted whole, or None.
 
@@ -208,13 +198,13 @@ def incomplete(page: VllmPage, text: str) -> str | None:
     for e in page.engines:
         if e.running is None or e.kv_usage is None:
             return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
-        if not e.cache_config or "block_size" not in e.cache_config:
+        cc = e.cache_config
+        if not cc or "block_size" not in cc:
             continue
-        block_size = e.cache_config["block_size"]
-        if not _positive_int(block_size):
-            return f"engine {e.engine}: cache_config_info block_size={block_size[:40]!r}"
-        blocks = e.cache_config.get("num_gpu_blocks", "None")
-        if blocks != "None" and not _positive_int(blocks):
+        if cc.block_size is None or cc.block_size < 1:
+            return f"engine {e.engine}: cache_config_info block_size={cc['block_size'][:40]!r}"
+        blocks = cc.get("num_gpu_blocks", "None")
+        if blocks != "None" and (cc.num_gpu_blocks is None or cc.num_gpu_blocks < 1):
             return f"engine {e.engine}: cache_config_info num_gpu_blocks={blocks[:40]!r}"
     return None
 
@@ -228,7 +218,7 @@ def missing(page: VllmPage) -> tuple[str, ...]:
 
 
 async def gather_vllm(
-    client: VllmClient, *, want_card: bool
+    client: VllmApi, *, want_card: bool
 ) -> tuple[VllmPage, ModelCard | None, str | None]:
     """``/metrics`` (required) and, when asked, ``/v1/models`` and ``/version`` (optional)."""
     if not want_card:
@@ -246,6 +236,17 @@ async def gather_vllm(
     return page_r, card, version
 
 
+class VllmApi(Protocol):
+    """What the sidecar asks of a vLLM server: ``VllmClient`` over HTTP, or the replay's
+    simulation answering in-process."""
+
+    async def metrics(self) -> VllmPage: ...
+
+    async def models(self) -> ModelCard: ...
+
+    async def version(self) -> str | None: ...
+
+
 class VllmSource:
     """``/metrics`` every poll; ``/v1/models`` and ``/version`` every minute and on restart."""
 
@@ -253,7 +254,7 @@ class VllmSource:
     stage = Stage.FIRST
     reports_health = True
 
-    def __init__(self, client: VllmClient) -> None:
+    def __init__(self, client: VllmApi) -> None:
         self._client = client
         self._card_due = 0.0
         self._page_problems = False

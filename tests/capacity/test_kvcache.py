@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from exporter.capacity.arch import parse_config
@@ -19,7 +21,7 @@ GIB = 1 << 30
 TINY = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32}
 
 
-def layout_of(cfg: dict[str, object], version: str = "0.32.0", **kw: int):  # type: ignore[no-untyped-def]
+def layout_of(cfg: Mapping[str, object], version: str = "0.32.0", **kw: int):  # type: ignore[no-untyped-def]
     arch = parse_config(cfg, "cfg")
     opts = {"block_size": 16, "tp": 1, "pp": 1, "dtype_bytes": 2, **kw}
     return build_layout(arch, release=release(version), **opts)[0]  # type: ignore[arg-type]

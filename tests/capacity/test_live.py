@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from exporter.capacity.histogram import Histogram, histogram_delta, histogram_quantile
@@ -10,7 +12,7 @@ from exporter.capacity.live import Occupancy, ceilings, context_stats
 BOUNDS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
 
 
-def hist(counts: list[float], total_sum: float) -> Histogram:
+def hist(counts: Sequence[float], total_sum: float) -> Histogram:
     return Histogram(BOUNDS, tuple(counts), total_sum, counts[-1])
 
 

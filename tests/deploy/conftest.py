@@ -69,5 +69,6 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def sidecar_of(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = [c for c in pod_spec(workload)["containers"] if c["name"] == SIDECAR]
+    containers: list[dict[str, Any]] = pod_spec(workload)["containers"]
+    (container,) = [c for c in containers if c["name"] == SIDECAR]
     return container

@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,10 +106,10 @@ def _get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def _check(argv: list[str], timeout: float, **kwargs: object) -> None:
+def _check(argv: list[str], timeout: float, **kwargs: Any) -> None:
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, check=False,
-        env={**os.environ, **PIP_ENV}, **kwargs,  # type: ignore[arg-type]
+        env={**os.environ, **PIP_ENV}, **kwargs,
     )  # fmt: skip
     assert proc.returncode == 0, f"{' '.join(argv)}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from exporter.config import Config
 from exporter.metrics import families_by_name
 from exporter.poller import Poller, PollerDeps
 from exporter.server import POLLER, create_app
-from exporter.simulator.faults import ScriptedVllm
+from tests.scripted_vllm import ScriptedVllm
 from tests.sidecar.conftest import TINYLLAMA, Clock, fixture_page
 
 PROMTOOL = shutil.which("promtool")
@@ -56,7 +56,7 @@ class Sidecar:
     client: TestClient  # type: ignore[type-arg]
     poller: Poller
     clock: Clock
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[MutableMapping[str, Any]] = field(default_factory=list)
 
     async def poll(self, times: int = 1) -> None:
         for _ in range(times):
@@ -70,7 +70,7 @@ class Sidecar:
         check_exposition(text)
         return text
 
-    def named(self, event: str, **fields: object) -> list[dict[str, Any]]:
+    def named(self, event: str, **fields: object) -> list[MutableMapping[str, Any]]:
         return [
             e
             for e in self.events

@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from exporter.poller import PollerDeps
-from exporter.simulator.faults import JSON_FAULTS, ScriptedVllm
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.vllm_page import (
     MAX_CACHE_CONFIG_LABELS,
@@ -17,6 +16,7 @@ from exporter.sources.vllm_page import (
     MAX_LABEL_VALUE_LENGTH,
 )
 from tests.faults.conftest import MakeSidecar, check_exposition, value
+from tests.scripted_vllm import JSON_FAULTS, ScriptedVllm
 from tests.sidecar.conftest import fixture_page
 from tests.sources.test_nvml import FakeGpu, FakeNvml
 

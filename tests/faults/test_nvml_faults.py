@@ -11,9 +11,9 @@ import pynvml
 import pytest
 
 from exporter.poller import PollerDeps
-from exporter.simulator.faults import ScriptedVllm
 from exporter.sources.nvml import NvmlReader
 from tests.faults.conftest import MakeSidecar, Sidecar, value
+from tests.scripted_vllm import ScriptedVllm
 from tests.sources.test_nvml import FakeGpu, FakeNvml
 
 CODES = sorted(

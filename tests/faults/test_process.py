@@ -170,6 +170,7 @@ def test_bad_config_file_exits_2_with_one_line_naming_file_key_and_value(
     tmp_path: Path, case: str
 ) -> None:
     content, expected = BAD_CONFIGS[case]
+    assert isinstance(content, str | bytes)
     path = tmp_path / "kv.yaml"
     if isinstance(content, bytes):
         path.write_bytes(content)

@@ -4,8 +4,8 @@ and label values written to break a status page or an exposition."""
 
 from __future__ import annotations
 
-from exporter.simulator.faults import PAGE_FAULTS, ScriptedVllm
 from tests.faults.conftest import MakeSidecar, value
+from tests.scripted_vllm import PAGE_FAULTS, ScriptedVllm
 from tests.sidecar.conftest import fixture_page
 
 PREEMPTED = fixture_page("vllm-0.32-cpu-preempted.txt")

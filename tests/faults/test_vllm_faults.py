@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from exporter.simulator.faults import ScriptedVllm
 from tests.faults.conftest import MakeSidecar, Sidecar, value
+from tests.scripted_vllm import ScriptedVllm
 
 KINDS = {
     "refused": "refused",

@@ -4,6 +4,7 @@ and whatever arrives, what comes out is bounded and sane."""
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +20,8 @@ from exporter.sources.vllm_page import (
 )
 
 # Text as label values carry it: anything printable or not, but no lone surrogates.
-label_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+NO_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
+label_text = st.text(st.characters(exclude_categories=NO_SURROGATES), max_size=40)
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True)
 counts = st.floats(min_value=0, max_value=MAX_VALUE, allow_nan=False)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -19,6 +20,13 @@ from exporter.sources.vllm import VllmClient
 from tests.conftest import FIXTURES
 
 TINYLLAMA = str(FIXTURES / "vllm" / "tinyllama.config.json")
+
+
+@pytest.fixture(autouse=True)
+def _default_logging() -> None:
+    """Every test starts with structlog's defaults: a test that configured the level to
+    "error" (the alert-quality replay does) would hide the info events these tests capture."""
+    structlog.reset_defaults()
 
 
 def fixture_page(name: str) -> str:

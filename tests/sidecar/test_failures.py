@@ -31,7 +31,7 @@ async def test_vllm_absent_at_start_shows_down_then_recovers(
     rig = await make_rig(f"http://127.0.0.1:{unused_port()}")
     await rig.poll()
     assert vllm_up(rig.text) == 0
-    assert rig.poller.snapshot.source("vllm").error_kind == "refused"  # type: ignore[union-attr]
+    assert rig.poller.snapshot.source("vllm").error_kind == "refused"
     assert not rig.poller.snapshot.vllm_ready
     rig.poller._client._base = fake_vllm.url  # vLLM comes up where it was expected
     await rig.poll()
@@ -46,7 +46,7 @@ async def test_slow_vllm_beyond_the_timeout_is_down_for_that_poll(
     fake_vllm.mode, fake_vllm.delay = "delay", 2.0
     await rig.poll()
     assert vllm_up(rig.text) == 0
-    assert rig.poller.snapshot.source("vllm").error_kind == "timeout"  # type: ignore[union-attr]
+    assert rig.poller.snapshot.source("vllm").error_kind == "timeout"
     fake_vllm.mode = "ok"
     await rig.poll()
     assert vllm_up(rig.text) == 1
@@ -56,7 +56,7 @@ async def test_garbage_page_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> N
     rig = await make_rig(fake_vllm.url)
     fake_vllm.mode = "garbage"
     await rig.poll()
-    assert rig.poller.snapshot.source("vllm").error_kind == "no_vllm_metrics"  # type: ignore[union-attr]
+    assert rig.poller.snapshot.source("vllm").error_kind == "no_vllm_metrics"
 
 
 async def test_truncated_page_is_down_and_recovers(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
@@ -64,7 +64,7 @@ async def test_truncated_page_is_down_and_recovers(fake_vllm: FakeVllm, make_rig
     full = fake_vllm.page
     fake_vllm.page = full[: full.index("vllm:kv_cache_usage_perc") + 30]
     await rig.poll()
-    assert rig.poller.snapshot.source("vllm").error_kind == "incomplete"  # type: ignore[union-attr]
+    assert rig.poller.snapshot.source("vllm").error_kind == "incomplete"
     fake_vllm.page = full
     await rig.poll()
     assert vllm_up(rig.text) == 1
@@ -124,7 +124,7 @@ async def test_http_error_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> Non
     rig = await make_rig(fake_vllm.url)
     fake_vllm.mode = "status500"
     await rig.poll()
-    assert rig.poller.snapshot.source("vllm").error_kind == "http_status"  # type: ignore[union-attr]
+    assert rig.poller.snapshot.source("vllm").error_kind == "http_status"
 
 
 async def test_capacity_stays_while_vllm_is_down_but_load_is_withheld(

@@ -47,7 +47,8 @@ async def exported(fake: FakeVllm, make_rig: MakeRig, page: str) -> str:
     fake.model, fake.version, fake.max_model_len = SERVERS[page]
     rig = await make_rig(fake.url, model_path=model_for(page))
     await rig.poll(2)
-    return rig.text
+    text: str = rig.text
+    return text
 
 
 def promtool() -> str:
@@ -130,4 +131,4 @@ async def test_rendering_is_byte_identical_to_prometheus_client(
     rig = await make_rig(fake_vllm.url, model_path=model_for(page))
     await rig.poll(2)
     snapshot = rig.poller.snapshot
-    assert render(snapshot) == generate_latest(SnapshotCollector(snapshot))  # type: ignore[arg-type]
+    assert render(snapshot) == generate_latest(SnapshotCollector(snapshot))

@@ -31,7 +31,7 @@ async def test_a_source_that_raises_is_that_source_down_not_a_failed_poll(
     fake_vllm: FakeVllm, make_rig: MakeRig
 ) -> None:
     rig = await make_rig(fake_vllm.url)
-    rig.poller._sources[0]._client.__class__ = BrokenClient  # type: ignore[attr-defined]
+    rig.poller._sources[0]._client.__class__ = BrokenClient
     await rig.poll()  # must not raise: the loop, /healthz and the other sources go on
     state = rig.poller.snapshot.source("vllm")
     assert state is not None
@@ -65,7 +65,7 @@ async def test_a_bug_while_reading_the_card_after_a_restart_is_not_swallowed(
                 raise TypeError("a bug while reading /v1/models")
             return await super().models()
 
-    rig.poller._sources[0]._client.__class__ = CardBug  # type: ignore[attr-defined]
+    rig.poller._sources[0]._client.__class__ = CardBug
     broken = True
     fake_vllm.page = fake_vllm.page.replace(
         "process_start_time_seconds 1.", "process_start_time_seconds 2."

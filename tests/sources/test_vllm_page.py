@@ -39,6 +39,25 @@ def test_v1_032_page_reads_preemptions_usage_and_cache_config() -> None:
     assert e.cache_config["kv_cache_size_tokens"] == "6144"
 
 
+def test_cache_config_info_is_typed_by_the_parser() -> None:
+    (e,) = parse_page(page("vllm-0.32-cpu-preempted.txt")).engines
+    cc = e.cache_config
+    assert cc is not None
+    assert (cc.num_gpu_blocks, cc.block_size, cc.kv_cache_size_tokens) == (48, 128, 6144)
+    assert cc.num_gpu_blocks_override == 48  # the capture pinned the block count
+    assert cc.gpu_memory_utilization == pytest.approx(0.92)
+    assert cc.cache_dtype == "auto"
+
+
+@pytest.mark.parametrize("text", ["128.5", "1e400", "nan", "lots"])
+def test_a_cache_config_count_that_is_no_count_reads_as_unset(text: str) -> None:
+    line = f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{text}"}} 1.0\n'
+    (e,) = parse_page(line).engines
+    assert e.cache_config is not None
+    assert e.cache_config.num_gpu_blocks is None
+    assert e.cache_config["num_gpu_blocks"] == text
+
+
 def test_token_histograms_keep_buckets_sum_and_count() -> None:
     (e,) = parse_page(page("vllm-0.32-cpu-preempted.txt")).engines
     assert e.prompt_len is not None
