@@ -123,6 +123,7 @@ class Request:
     pending_preemption_events: int = 0
     prefill_computed: int = 0  # tokens computed (not cached) in its first prefill
     cache_len: int = 0  # tokens of its sequence it leaves in the prefix cache
+    next_register: int = 0  # its next block to offer to the prefix cache
     block_hashes: tuple[int, ...] = ()  # a log's prefix-block hashes, hash_tokens each
     hash_tokens: int = 0
 
@@ -409,6 +410,7 @@ class Engine:
             for key in hits:
                 pool.acquire(key)
             req.cached = list(hits)
+            req.next_register = len(hits)
             req.num_computed = hit_tokens
             new = min(req.num_tokens - hit_tokens, budget)
             need = _cdiv(hit_tokens + new, bs) - len(hits)
@@ -468,12 +470,16 @@ class Engine:
             return
         # Full prefix blocks this request has now computed move into the prefix cache.
         done = min(req.num_computed, req.cache_len) // bs
-        while len(req.cached) < done and req.plain_blocks > 0:
-            key = self._key(req, len(req.cached))
-            if key is None or not self.pool.register(key):
-                break  # another request cached it first; this copy stays private
-            req.plain_blocks -= 1  # the same block, now held as a cached one
-            req.cached.append(key)
+        while req.next_register < done and req.plain_blocks > 0:
+            key = self._key(req, req.next_register)
+            if key is None:
+                break
+            req.next_register += 1
+            # A block another request cached first stays private here (as in vLLM);
+            # the blocks after it are still offered.
+            if self.pool.register(key):
+                req.plain_blocks -= 1  # the same block, now held as a cached one
+                req.cached.append(key)
 
     def _emit_token(self, req: Request, duration: float) -> None:
         stats = self.stats

@@ -10,7 +10,8 @@ problem is one ``InputError`` naming the file, the line and the column.
 
 ``window`` then cuts and rescales what was read (``TrafficSpec``): the window
 ``[start, start + duration)`` of log time, stretched by ``time_scale``, thinned or
-multiplied by ``rate_scale`` (seeded), repeated end to end with ``loop``.
+multiplied by ``rate_scale`` (seeded; ramping linearly to ``rate_scale_to`` over the
+window, so real traffic can grow like a busy morning), repeated end to end with ``loop``.
 """
 
 from __future__ import annotations
@@ -61,10 +62,12 @@ class TrafficSpec:
 
     time_scale: float = 1.0  # log seconds × time_scale = scenario seconds
     rate_scale: float = 1.0  # < 1 keeps each request with this chance; > 1 adds copies
+    rate_scale_to: float | None = None  # the scale at the window's end: a ramp
     start: float = 0.0  # log seconds after the first request
     duration: float | None = None  # log seconds; None: to the end
     loop: bool = False  # repeat the window until the scenario ends
     offset: float = 0.0  # scenario seconds before the first replayed request
+    jitter: float = 0.0  # log seconds: spread requests over the log's time resolution
 
 
 def parse_request_log(text: str, where: str, fmt: LogFormat) -> list[LoggedRequest]:
@@ -217,11 +220,17 @@ def window(
         # lose the prefix reuse its later turns rely on.
         session_copies: dict[str, int] = {}
         for r in chosen:
-            t = base + (r.time - first) * spec.time_scale
+            # A log that keeps whole seconds lands a second's requests on one instant;
+            # spreading them over that second is what the real arrivals did.
+            spread = rng.uniform(0.0, spec.jitter) if spec.jitter else 0.0
+            t = base + (r.time - first + spread) * spec.time_scale
             copies = session_copies.get(r.session, -1) if r.session is not None else -1
             if copies < 0:
-                copies = int(spec.rate_scale)
-                if rng.random() < spec.rate_scale - copies:
+                scale = spec.rate_scale
+                if spec.rate_scale_to is not None and period > 0:
+                    scale += (spec.rate_scale_to - scale) * (r.time - first) / period
+                copies = int(scale)
+                if rng.random() < scale - copies:
                     copies += 1
                 if r.session is not None:
                     session_copies[r.session] = copies

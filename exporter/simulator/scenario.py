@@ -30,8 +30,10 @@ traffic:                  # requests from a log, instead of or on top of phases
   duration: 20m           # log time replayed
   time_scale: 1.0         # log seconds → scenario seconds
   rate_scale: 0.25        # keep a quarter of the requests (seeded); > 1 adds copies
+  rate_scale_to: 0.5      # optional: the scale ramps to this over the window
   loop: false             # repeat the window until the scenario ends
   at: 0s                  # when in the scenario the log starts
+  jitter: 1s              # spread each request over the log's time resolution
 ```
 
 or, instead of ``phases``, ``closed_loop: {concurrency: 20, requests: 40, prompt: …,
@@ -328,8 +330,10 @@ _TRAFFIC = {
     "duration",
     "time_scale",
     "rate_scale",
+    "rate_scale_to",
     "loop",
     "at",
+    "jitter",
 }
 
 
@@ -415,12 +419,16 @@ def _traffic(value: object, where: str, key: str) -> TrafficLog:
         spec=TrafficSpec(
             time_scale=time_scale,
             rate_scale=_number(t.get("rate_scale", 1.0), where, f"{key}.rate_scale"),
+            rate_scale_to=_number(t["rate_scale_to"], where, f"{key}.rate_scale_to")
+            if "rate_scale_to" in t
+            else None,
             start=parse_duration(t.get("start", 0), where, f"{key}.start"),
             duration=parse_duration(t["duration"], where, f"{key}.duration")
             if "duration" in t
             else None,
             loop=loop,
             offset=parse_duration(t.get("at", 0), where, f"{key}.at"),
+            jitter=parse_duration(t.get("jitter", 0), where, f"{key}.jitter"),
         ),
         hash_block_tokens=hash_tokens,
     )

@@ -136,3 +136,15 @@ def test_a_logged_conversation_hits_the_prefix_cache_on_its_later_turns(tmp_path
     # Turn 2 reuses the 1,199 tokens of turn 1 that have KV (74 full blocks of 16),
     # turn 3 the 1,399 of turn 2 (87 blocks).
     assert stats.prefix_hits == 74 * 16 + 87 * 16
+
+
+def test_a_block_another_request_cached_first_does_not_stop_later_blocks_caching() -> None:
+    e = engine()
+    # Both prefill block 0 (hash 7) in the same step: the second's copy stays private, yet its
+    # own later blocks (hash 9) enter the cache for a third request to reuse.
+    e.submit(150, 2, prefix_key=1, prefix_len=128, block_hashes=(7, 8), hash_tokens=64)
+    e.submit(150, 2, prefix_key=1, prefix_len=128, block_hashes=(7, 9), hash_tokens=64)
+    e.run_until(5.0)
+    e.submit(150, 2, prefix_key=1, prefix_len=128, block_hashes=(7, 9), hash_tokens=64)
+    e.run_until(10.0)
+    assert e.stats.prefix_hits == 128

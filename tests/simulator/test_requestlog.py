@@ -158,3 +158,19 @@ def test_demo_names_a_missing_log(tmp_path: Path, capsys: pytest.CaptureFixture[
     (tmp_path / "s.yaml").write_text(SCENARIO)
     assert main(["demo", "--scenario", str(tmp_path / "s.yaml"), "--duration", "1s"]) == 2
     assert "requests.jsonl: cannot be read" in capsys.readouterr().err
+
+
+def test_rate_scale_to_ramps_the_kept_share_over_the_window() -> None:
+    spec = TrafficSpec(rate_scale=0.0, rate_scale_to=1.0, duration=1000.0)
+    out = [r.time for r in window(reqs(*range(1000)), spec, 4, 1e9)]
+    early = sum(1 for t in out if t < 250)
+    late = sum(1 for t in out if t >= 750)
+    assert late > 4 * early
+
+
+def test_jitter_spreads_requests_logged_at_one_instant_over_the_resolution() -> None:
+    out = [r.time for r in window(reqs(*[5.0] * 50), TrafficSpec(jitter=1.0), 0, 1e9)]
+    assert out == sorted(out)
+    assert len(set(out)) == 50
+    assert min(out) >= 0.0
+    assert max(out) < 1.0
