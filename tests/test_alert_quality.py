@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.alert_quality import RULES, Rule, episodes, lead, main
-from exporter.simulator.replay import Tick
+from benchmarks.alert_quality import RULES, Rule, episodes, evaluate, lead, main, plot, targets
+from exporter.risk.model import ALERT_FOR_SECONDS
+from exporter.simulator.replay import Replay, Tick, gauge_resource
+from exporter.simulator.scenario import parse_scenario
 
 
 def ticks(values: list[float], every: float = 5.0) -> list[Tick]:
@@ -67,9 +70,8 @@ def test_json_output_has_the_documented_shape(
 ) -> None:
     scenario = tmp_path / "tiny.yaml"
     scenario.write_text(SHORT)
-    assert (
-        main(["--no-library", "--seeds", "1", "--scenario", str(scenario), "--output", "json"]) == 0
-    )
+    argv = ["--no-library", "--seeds", "1", "--jobs", "1", "--scenario", str(scenario)]
+    assert main([*argv, "--output", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["rules"]) == {r.name for r in RULES}
     for row in out["rules"].values():
@@ -81,3 +83,103 @@ def test_json_output_has_the_documented_shape(
         } <= set(row)
     assert [s["name"] for s in out["scenarios"]] == ["tiny-overload"]
     assert out["scenarios"][0]["first_preemption_seconds"] is not None
+
+
+SAFE = """\
+name: tiny-safe
+expect: safe
+duration: 3m
+seed: 3
+deployment: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: H100-80GB, max_model_len: 8192}
+phases:
+  - {duration: 3m, rate: 0.2, prompt: {median: 300}, generation: {median: 50}}
+"""
+
+
+def test_a_benchmark_where_no_run_preempts_reports_recall_as_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "safe.yaml"
+    scenario.write_text(SAFE)
+    args = ["--no-library", "--seeds", "1", "--jobs", "1", "--scenario", str(scenario)]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "n/a" in table
+    assert main([*args, "--output", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rules"]["kv_headroom"]["recall"] is None
+    assert out["rules"]["kv_headroom"]["safe_hours"] == 0.05
+
+
+def run(name: str, ticks_: list[Tick], first: float | None, **extra: object) -> Replay:
+    scenario = parse_scenario(SAFE.replace("tiny-safe", name), f"{name}.yaml")
+    return Replay(dataclasses.replace(scenario, **extra), ticks_, first)  # type: ignore[arg-type]
+
+
+def test_false_alarms_are_minutes_per_hour_of_runs_that_never_preempted() -> None:
+    # 12 polls every 5 s = one minute; the risk is high for the last 40 s of it.
+    quiet_then_high = ticks([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
+    result = evaluate([run("a", quiet_then_high, None, tags=("busy", "real-traffic"))])
+    row = result["classes"]["busy"]["rules"]["kv_headroom"]
+    firing_minutes = (60 - (25 + ALERT_FOR_SECONDS)) / 60
+    assert row["false_alarm_minutes_per_safe_hour"] == round(firing_minutes * 60, 2)
+    assert result["real_traffic"]["kv_headroom"]["safe_runs"] == 1
+
+
+def test_untagged_scenarios_are_the_synthetic_class() -> None:
+    result = evaluate([run("a", ticks([0, 0]), None)])
+    assert list(result["classes"]) == ["synthetic"]
+    assert result["real_traffic"] == {}
+
+
+def test_bottleneck_accuracy_is_na_until_the_sidecar_has_the_gauge() -> None:
+    result = evaluate([run("a", ticks([0, 0, 0]), None)])
+    assert result["bottleneck_accuracy"] is None
+    assert ("bottleneck gauge right on every poll", None) in targets(result)
+
+
+def test_bottleneck_accuracy_counts_polls_where_the_gauge_names_the_truth() -> None:
+    polls = [
+        dataclasses.replace(t, truth=truth, gauge=gauge)
+        for t, truth, gauge in zip(
+            ticks([0, 0, 0, 0]),
+            ["none", "compute", "compute", "kv_cache"],
+            ["none", "compute", "kv_cache", "kv_cache"],
+            strict=True,
+        )
+    ]
+    assert evaluate([run("a", polls, None)])["bottleneck_accuracy"] == 0.75
+
+
+def test_a_stall_is_timed_from_its_start_to_the_first_poll_saying_stalled() -> None:
+    polls = [
+        dataclasses.replace(t, gauge="stalled" if t.t >= 20 else "none") for t in ticks([0] * 6)
+    ]
+    entry = evaluate([run("a", polls, None, stalls=((12.0, 30.0),))])["scenarios"][0]
+    assert entry["bottleneck"]["stall_flagged_after_seconds"] == [8.0]
+
+
+def test_the_gauge_is_read_whatever_shape_it_takes() -> None:
+    assert gauge_resource("compute") == "compute"
+    assert gauge_resource({"kv_cache": 0.0, "stalled": 1.0}) == "stalled"
+    assert gauge_resource(None) is None
+
+
+def test_fast_mode_runs_a_library_scenario_on_one_seed_cut_to_ten_minutes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--fast", "--only", "scheduler-stall", "--jobs", "1", "--output", "json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    [entry] = out["scenarios"]
+    assert entry["duration_seconds"] == 600.0
+    assert entry["bottleneck"]["truth_share"]["stalled"] > 0
+
+
+def test_plot_draws_the_real_traffic_scenarios_only(tmp_path: Path) -> None:
+    real = run("real", ticks([0, 1]), None, tags=("busy", "real-traffic"))
+    synthetic = run("synthetic", ticks([0, 1]), None)
+    result = evaluate([real, synthetic])
+    written = plot([real, synthetic], result, tmp_path)
+    assert [p.name for p in written] == ["real.png"]
+    assert (tmp_path / "real.png").stat().st_size > 0

@@ -3,13 +3,16 @@
 Each poll advances the simulation to the poll's time, renders vLLM's page, and hands it
 to a real ``Poller`` — parser, history, snapshot and risk model exactly as deployed —
 through a client stand-in instead of HTTP. Hours of traffic take seconds; what comes
-back is, per poll, what the sidecar exported and what vLLM reported.
+back is, per poll, what the sidecar exported and what vLLM reported — and what only the
+simulator knows: why requests waited over the poll's interval (``truth``), to check the
+sidecar's bottleneck gauge (``gauge``; None while the sidecar has no such gauge) against.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.config import Config, Deployment
@@ -33,6 +36,24 @@ class Tick:
     preemption_risk: float
     seconds_to_exhaustion: float
     overcommit_ratio: float
+    truth: str = "none"  # the reason requests waited longest over the poll's interval
+    gauge: str | None = None  # the resource the sidecar's bottleneck gauge named
+
+
+def gauge_resource(value: object) -> str | None:
+    """The resource a bottleneck gauge names, whatever shape the sidecar gives it: a
+    name, a mapping of resource to 0/1 (or to a score: the largest wins), or an object
+    with a ``resource`` attribute."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        if not value:
+            return None
+        return str(max(value.items(), key=lambda kv: float(kv[1]))[0])
+    resource = getattr(value, "resource", None)
+    return None if resource is None else str(resource)
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,7 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
         snap = await poller.poll_once()
         view = snap.engines[0] if snap.engines else None
         risk = view.risk if view is not None else None
+        waited = sim.bottleneck_between(clock[0] - interval, clock[0])
         ticks.append(
             Tick(
                 t=clock[0],
@@ -94,6 +116,9 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
                 preemption_risk=risk.preemption_risk if risk else 0.0,
                 seconds_to_exhaustion=risk.seconds_to_exhaustion if risk else math.inf,
                 overcommit_ratio=risk.overcommit_ratio if risk else 0.0,
+                truth=max(waited.items(), key=lambda kv: kv[1])[0],
+                # The lead engineer's gauge lands on EngineView later: read it if there.
+                gauge=gauge_resource(getattr(view, "bottleneck", None)),
             )
         )
     await poller.close()

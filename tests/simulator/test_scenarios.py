@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from exporter.errors import InputError
-from exporter.simulator.scenario import parse_scenario
+from exporter.simulator.scenario import Scenario, parse_scenario
 from exporter.simulator.simulation import Simulation, builtin_names, load_scenario
 
 NAMES = builtin_names()
@@ -69,7 +71,7 @@ closed_loop: {concurrency: 5, requests: 12, prompt: 100, generation: 20}
         ("phases: [{rate: 1, prmpt: 3}]", "loop.yaml: phases[0].prmpt: unknown key"),
         ("phases: [{rate: 1, duration: soon}]", "phases[0].duration = 'soon': must be a duration"),
         ("expect: maybe\nphases: [{rate: 1}]", "expect = 'maybe': must be safe or overload"),
-        ("name: x", "a scenario needs phases or closed_loop"),
+        ("name: x", "a scenario needs phases, traffic or closed_loop"),
         ("phases: [{rate: 1, prompt: {min: 9, max: 3}}]", "phases[0].prompt.min = 9: is above"),
         ("phases: [", "is not valid YAML"),
     ],
@@ -83,3 +85,24 @@ def test_a_bad_scenario_names_its_file_and_key(text: str, message: str) -> None:
 def test_unknown_scenario_lists_the_library() -> None:
     with pytest.raises(InputError, match="steady"):
         load_scenario("no-such-scenario")
+
+
+REAL_CLASSES = ("prefill-bound-burst", "max-num-seqs-busy", "daily-ramp", "long-context-tail",
+                "multi-turn-prefix", "cold-start-burst")  # fmt: skip
+
+
+@functools.cache
+def library() -> list[Scenario]:
+    return [load_scenario(n) for n in NAMES]
+
+
+@pytest.mark.parametrize("klass", REAL_CLASSES)
+def test_each_real_traffic_class_has_a_safe_and_an_overload_scenario(klass: str) -> None:
+    found = {s.expect for s in library() if klass in s.tags and "real-traffic" in s.tags}
+    assert found == {"safe", "overload"}
+
+
+def test_the_real_traffic_library_spans_several_gpus_and_models() -> None:
+    real = [s for s in library() if "real-traffic" in s.tags]
+    assert len({s.deployment["gpu"] for s in real}) >= 4
+    assert len({s.deployment["model"] for s in real}) >= 3
