@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from aiohttp import web
@@ -129,22 +130,8 @@ async def demo(
     await sim_site.start()
     vllm_url = f"http://127.0.0.1:{_port(sim_site)}"
 
-    plan = sim.sizing.plan
-    config = Config(
-        vllm_url=vllm_url,
-        listen_host=host,
-        listen_port=port,
-        poll_interval_seconds=interval,
-        vllm_timeout_seconds=min(1.5, TIMEOUT_SHARE * interval),
-        model_path=sim.sizing.model_name,
-        deployment=Deployment(
-            max_num_seqs=plan.max_num_seqs,
-            max_num_batched_tokens=plan.max_num_batched_tokens,
-            tensor_parallel_size=plan.request.tensor_parallel_size,
-        ),
-    )
-    nvml = SimulatedNvml(f"NVIDIA {sim.sizing.gpu.name}", sim.gpu_memory, os.getpid())
-    deps = PollerDeps(nvml=NvmlReader(nvml), find_processes=lambda _p: [])
+    config = sidecar_config(sim, vllm_url, host, port, interval)
+    deps = sidecar_deps(sim)
     app = sidecar_app(config, deps)
     runner = web.AppRunner(app, access_log=None, **HANDLER_LIMITS)
     await runner.setup()
@@ -205,6 +192,30 @@ async def demo(
         await runner.cleanup()
         await sim_runner.cleanup()
     return EXIT_OK
+
+
+def sidecar_config(sim: Simulation, vllm_url: str, host: str, port: int, interval: float) -> Config:
+    """The sidecar's settings against the simulated vLLM: what a deploy would set by hand."""
+    plan = sim.sizing.plan
+    return Config(
+        vllm_url=vllm_url,
+        listen_host=host,
+        listen_port=port,
+        poll_interval_seconds=interval,
+        vllm_timeout_seconds=min(1.5, TIMEOUT_SHARE * interval),
+        model_path=sim.sizing.model_name,
+        deployment=Deployment(
+            max_num_seqs=plan.max_num_seqs,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            tensor_parallel_size=plan.request.tensor_parallel_size,
+        ),
+    )
+
+
+def sidecar_deps(sim: Simulation, clock: Callable[[], float] = time.time) -> PollerDeps:
+    """The simulated GPU in place of NVML; no process scan (there is no vLLM process)."""
+    nvml = SimulatedNvml(f"NVIDIA {sim.sizing.gpu.name}", sim.gpu_memory, os.getpid())
+    return PollerDeps(clock=clock, nvml=NvmlReader(nvml), find_processes=lambda _p: [])
 
 
 def _port(site: web.TCPSite) -> int:

@@ -46,6 +46,7 @@ from exporter.sources.model_dir import ModelSource, load_model
 from exporter.sources.nvml import NvmlFailure, NvmlReader, NvmlSample, select_devices
 from exporter.sources.vllm import ModelCard, SourceError, VllmClient, gather_vllm
 from exporter.sources.vllm_page import MAX_ENGINES, EngineMetrics, VllmPage
+from exporter.trail import record
 
 CARD_REFRESH_SECONDS = 60.0
 PROCESS_SCAN_SECONDS = 30.0
@@ -219,6 +220,7 @@ class Poller:
                 self._poll_failure = None
         self._report_limits(limited)
         self.snapshot, self.rendered = snapshot, rendered
+        record(self, snapshot)  # the status page's history chart (exporter/trail.py)
         self.polls += 1
         self.last_poll_end = self._deps.clock()
         return snapshot
