@@ -10,6 +10,7 @@ from outside is HTML-escaped.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -339,7 +340,7 @@ def differences(snap: Snapshot) -> list[str]:
                 f"{_gib(abs(diff))} the driver keeps for itself; vLLM sizes its cache from "
                 "CUDA's total, as the chain does."
             )
-        if g.foreign_bytes is not None:
+        if g.foreign_bytes:
             out.append(
                 f"GPU {g.index}'s foreign memory ({_gib(g.foreign_bytes)}) is what it uses "
                 "beyond this vLLM's expected footprint (its ceiling plus the CUDA context), "
@@ -418,7 +419,8 @@ STYLE = """body{font:14px system-ui,sans-serif;margin:2em;max-width:62em;color:#
 table{border-collapse:collapse;margin-bottom:1em}
 th,td{padding:3px 10px;text-align:left;border-bottom:1px solid #e4e4e4;vertical-align:top}
 th{font-weight:500}td:nth-child(3){color:#666}
-.now{border-left:6px solid #bbb}.now.ok{border-color:#2e7d32}.now.watch{border-color:#f9a825}
+.now{border-left:6px solid #bbb}.now th{white-space:nowrap}
+.now.ok{border-color:#2e7d32}.now.watch{border-color:#f9a825}
 .now.high{border-color:#c62828}.now .big{font-size:22px;font-weight:600}
 .note{color:#a60}.why li{color:#555;margin-bottom:.3em}
 pre.text-chart{display:none}"""
@@ -441,11 +443,18 @@ def status_page(snap: Snapshot, config: Config, trail: Trail | None = None) -> s
         headline = "<p class=note>waiting for vLLM to answer /metrics</p>"
     points = trail.points() if trail is not None else ()
     if points:
-        # A browser that draws SVG hides the text copy by style; a terminal browser applies
-        # no style and shows it instead of the picture it cannot draw.
+        # The SVG is the background of a box, not markup in the page: a terminal browser
+        # applies no style, so it neither draws it nor spills the SVG's labels into the text
+        # as one run-on line; it shows the text copy below instead, which a browser that
+        # draws the picture hides by style.
+        svg = history_svg(points, snap.time)
+        svg64 = base64.b64encode(svg.encode()).decode()
+        height = svg.split('height="', 1)[1].split('"', 1)[0]
         chart = (
             f"<h2>the last {_span(points, snap.time) / 60:.0f} minutes</h2>"
-            f"<figure>{history_svg(points, snap.time)}"
+            f'<figure><div class=chart role=img aria-label="the history below, drawn" '
+            f'style="width:{CHART_W}px;height:{height}px;'
+            f'background:url(data:image/svg+xml;base64,{svg64}) no-repeat"></div>'
             f"<pre class=text-chart>{_e(history_text(points, snap.time))}</pre>"
             "<figcaption>blue: KV tokens held, dashed grey: the cache's usable size; red: "
             "preemption risk; green: running, orange: waiting; purple marks: preemptions"

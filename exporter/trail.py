@@ -1,9 +1,10 @@
 """The sidecar's own recent history, for the status page's chart. Pure.
 
-One ``TrailPoint`` per snapshot, thinned to at most one per ``spacing`` seconds and kept for
-``seconds``, so the ring holds a fixed number of points whatever the poll interval: a 100 ms
-poll and a 10 s poll both draw the last half hour. Preemptions are noticed on every
-snapshot, kept or not, so the last one is never thinned away.
+One ``TrailPoint`` per snapshot, thinned to at most one per ``spacing`` seconds (plus the
+newest, so the chart always ends at the latest poll) and kept for ``seconds``, so the ring
+holds a fixed number of points whatever the poll interval: a 100 ms poll and a 10 s poll
+both draw the last half hour. Preemptions are noticed on every snapshot, kept or not, so
+the last one is never thinned away.
 
 The poll loop hands each new snapshot to ``record``; the status page reads ``trail_of``.
 The ring hangs off the poller in a weak mapping, so the poller needs no field for it and a
@@ -60,6 +61,7 @@ class Trail:
         self.seconds = seconds
         self.spacing = seconds / max_points
         self._points: deque[TrailPoint] = deque(maxlen=max_points)
+        self._head: TrailPoint | None = None  # the newest point, when thinned away
         self._preemptions: float | None = None
         self.last_preemption: float | None = None  # when a poll first saw the count rise
 
@@ -72,13 +74,17 @@ class Trail:
         self._preemptions = point.preemptions_total
         last = self._points[-1] if self._points else None
         if last is not None and 0 <= point.time - last.time < self.spacing:
+            # Not kept, but shown as the newest point until the next one is kept, so the
+            # chart ends where the page's headline figures are.
+            self._head = point
             return
         self._points.append(point)
+        self._head = None
         while self._points and self._points[0].time < point.time - self.seconds:
             self._points.popleft()
 
     def points(self) -> tuple[TrailPoint, ...]:
-        return tuple(self._points)
+        return (*self._points, self._head) if self._head is not None else tuple(self._points)
 
 
 _TRAILS: weakref.WeakKeyDictionary[object, Trail] = weakref.WeakKeyDictionary()

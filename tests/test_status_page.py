@@ -7,6 +7,7 @@ poller on a clock the test moves, so a few simulated minutes take a second or tw
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -84,7 +85,7 @@ async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preem
         "<th>headroom</th>",
         "<th>limited by</th>",
         "<th>last preemption</th>",
-        "<svg",
+        "data:image/svg+xml",
         "capacity chain</h2>",
     ]
     positions = [html.index(label) for label in order]
@@ -101,15 +102,19 @@ async def test_the_last_preemption_is_dated_once_vllm_has_preempted(
     assert re.search(r"<th>last preemption</th><td>\d+ (s|min) ago</td>", stack.page())
 
 
-async def test_the_history_chart_is_inline_svg_with_nothing_fetched_or_run(
+async def test_the_history_chart_is_an_svg_carried_in_the_page_with_nothing_fetched_or_run(
     demo: Callable[[str], Awaitable[Stack]],
 ) -> None:
     stack = await demo("demo")
     await stack.run(120)
     html = stack.page()
-    svg = html[html.index("<svg") : html.index("</svg>")]
+    data = re.search(r"url\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", html)
+    assert data
+    svg = base64.b64decode(data.group(1)).decode()
+    assert svg.startswith("<svg")
     assert svg.count("<path") >= 4  # capacity, used tokens, risk, running (waiting may be 0)
     assert "<script" not in html
+    assert "<script" not in svg
     assert not re.search(r"""(src|href)=["']?https?:""", html)  # no CDN, no remote font
 
 
@@ -167,7 +172,7 @@ async def test_the_bottleneck_and_its_evidence_are_shown_when_the_snapshot_has_t
 def test_the_page_says_it_is_waiting_before_vllm_has_answered() -> None:
     html = status_page(_empty_snapshot(), Config(), Trail())
     assert "waiting for vLLM to answer /metrics" in html
-    assert "<svg" not in html
+    assert "image/svg" not in html
 
 
 def _empty_snapshot() -> Snapshot:

@@ -47,7 +47,7 @@ def test_polls_closer_than_the_spacing_are_thinned() -> None:
     trail = Trail(seconds=60.0, max_points=6)  # one point per 10 s
     for t in range(0, 60, 2):
         trail.add(snap(float(t)))
-    assert [p.time for p in trail.points()] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+    assert [p.time for p in trail.points()] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 58.0]
 
 
 def test_points_older_than_the_span_are_dropped() -> None:
@@ -67,8 +67,9 @@ def test_the_ring_never_holds_more_than_its_bound() -> None:
 def test_a_preemption_between_kept_points_is_still_dated() -> None:
     trail = Trail(seconds=60.0, max_points=6)
     trail.add(snap(0.0))
-    trail.add(snap(2.0, preemptions=1.0))  # thinned away as a point
-    assert len(trail.points()) == 1
+    trail.add(snap(2.0, preemptions=1.0))  # shown as the newest point, not kept
+    trail.add(snap(4.0, preemptions=1.0))  # replaces it
+    assert [p.time for p in trail.points()] == [0.0, 4.0]
     assert trail.last_preemption == 2.0
 
 
