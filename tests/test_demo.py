@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import venv
@@ -60,6 +61,20 @@ def test_demo_bad_flag_value_is_one_line_and_exit_2() -> None:
     assert proc.stderr == (
         "kv-headroom demo: --poll.interval: poll.interval = '0s': must be greater than 0\n"
     )
+
+
+def test_demo_falls_back_to_a_free_port_when_its_own_is_taken_and_says_which() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_demo(sys.executable, 3, ROOT, "--web.listen-address", f"127.0.0.1:{port}")
+    assert proc.returncode == 0, proc.stderr
+    moved = re.search(
+        rf"127.0.0.1:{port} is taken .*; listening on port (\d+) instead", proc.stderr
+    )
+    assert moved
+    assert f"sidecar metrics  http://127.0.0.1:{moved.group(1)}/metrics" in proc.stdout
 
 
 def test_demo_banner_suggests_a_faster_speed() -> None:
