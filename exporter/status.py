@@ -356,6 +356,13 @@ def differences(snap: Snapshot) -> list[str]:
             f"({drift:.3f}×): the expected figure is this sidecar's model of vLLM's start-up "
             "profile; the observed one is what vLLM reports. Alerts use the observed."
         )
+    if plan is not None and v.budget_bytes is not None and v.budget_bytes != plan.kv_budget_bytes:
+        out.append(
+            f"The KV budget reads {_gib(plan.kv_budget_bytes)} expected and "
+            f"{_gib(v.budget_bytes)} observed: the expected one is the memory left for the "
+            "cache; the observed one is what vLLM says its cache holds, or its blocks × "
+            "bytes per block, which leaves out the remainder too small for a whole block."
+        )
     if v.occupancy is not None and v.capacity_tokens is not None:
         usable = v.occupancy.usable_blocks * v.occupancy.block_size
         if usable != v.capacity_tokens:

@@ -10,6 +10,9 @@ import sys
 import venv
 from pathlib import Path
 
+import pytest
+
+from exporter.cli import main
 from tests.sidecar.conftest import unused_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,3 +99,11 @@ def test_demo_works_in_a_fresh_venv_after_the_readme_install(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"preemptions=\d+", proc.stdout)
     assert proc.stdout.rstrip().endswith("stopped.")
+
+
+def test_demo_help_shows_defaults_and_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text
+    assert "(default: 127.0.0.1:9847)" in text
+    assert "(default: warning)" in text
