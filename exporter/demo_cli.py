@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import io
 import math
 import os
 import signal
@@ -96,20 +98,47 @@ def run(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty() and not args.plain
     # Logs go to stderr, never among the screen's or the plain lines; at warning level by
     # default, since a demo's info events (sources coming up) are noise to a first-time user.
-    configure(settings.log_level, settings.log_format, sys.stderr)
-    return asyncio.run(
-        demo(
-            scenario_name=args.scenario,
-            sim=Simulation(scenario, start_time=time.time()),
-            host=settings.listen_host or "127.0.0.1",
-            port=settings.listen_port,
-            interval=settings.poll_interval_seconds,
-            speed=args.speed,
-            duration=duration,
-            live=live,
-            out=sys.stdout,
+    # On a terminal that also shows the live screen, stderr is that screen: hold the lines
+    # back and print them once the screen stops, rather than tear it between redraws.
+    held = HeldLines() if live and sys.stderr.isatty() else None
+    configure(settings.log_level, settings.log_format, held if held is not None else sys.stderr)
+    try:
+        return asyncio.run(
+            demo(
+                scenario_name=args.scenario,
+                sim=Simulation(scenario, start_time=time.time()),
+                host=settings.listen_host or "127.0.0.1",
+                port=settings.listen_port,
+                interval=settings.poll_interval_seconds,
+                speed=args.speed,
+                duration=duration,
+                live=live,
+                out=sys.stdout,
+            )
         )
-    )
+    finally:
+        if held is not None:
+            sys.stderr.write(held.text())
+
+
+class HeldLines(io.StringIO):
+    """Log lines kept while the live screen is up, the last ``MAX_HELD`` of them."""
+
+    MAX_HELD = 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lines: collections.deque[str] = collections.deque(maxlen=self.MAX_HELD)
+
+    def write(self, text: str) -> int:
+        self._lines.extend(line for line in text.splitlines() if line)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self._lines)
 
 
 async def demo(

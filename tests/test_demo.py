@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import main
+from exporter.demo_cli import HeldLines
 from tests.sidecar.conftest import unused_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +50,15 @@ def test_demo_logs_nothing_below_warning_by_default() -> None:
     proc = run_demo(sys.executable, 4, ROOT)
     assert proc.returncode == 0
     assert proc.stderr == ""
+
+
+def test_demo_logs_at_the_level_asked_to_stderr_never_among_the_lines() -> None:
+    port = unused_port()
+    proc = run_demo(
+        sys.executable, 3, ROOT, "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "info"
+    )
+    assert "source_up" in proc.stderr
+    assert "source_up" not in proc.stdout
 
 
 def test_demo_keeps_the_old_flag_spellings_as_aliases() -> None:
@@ -107,3 +117,12 @@ def test_demo_help_shows_defaults_and_no_markup(capsys: pytest.CaptureFixture[st
     assert "``" not in text
     assert "(default: 127.0.0.1:9847)" in text
     assert "(default: warning)" in text
+
+
+def test_log_lines_held_behind_the_live_screen_keep_the_latest() -> None:
+    held = HeldLines()
+    for i in range(HeldLines.MAX_HELD + 5):
+        held.write(f"event {i}\n")
+    lines = held.text().splitlines()
+    assert len(lines) == HeldLines.MAX_HELD
+    assert lines[-1] == f"event {HeldLines.MAX_HELD + 4}"
