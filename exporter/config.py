@@ -24,6 +24,7 @@ from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.releases import parse_version
 from exporter.errors import InputError
+from exporter.sources.vllm import redact
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 
 ENV_PREFIX = "KV_HEADROOM_"
@@ -266,13 +267,6 @@ def _show(value: object) -> str:
     return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
-def _show_url(url: str) -> str:
-    parts = urlsplit(url)  # a status page must not print a password from the URL
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
-
-
 @dataclass(frozen=True)
 class _Spec:
     key: str  # dotted, as in the YAML file
@@ -297,7 +291,7 @@ def _dep(name: str, parse: Parser, help: str, show: Callable[[Any], str] = _show
 
 _WHERE_VLLM_SAYS = " (where vLLM's page and command line do not say)"
 _SPECS = (
-    _Spec("vllm.url", "vllm_url", _url, _show_url, help="vLLM's base URL; /metrics is read"),
+    _Spec("vllm.url", "vllm_url", _url, redact, help="vLLM's base URL; /metrics is read"),
     _Spec(
         "vllm.timeout",
         "vllm_timeout_seconds",

@@ -18,8 +18,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
+from exporter.risk.bottleneck import RESOURCES
 from exporter.snapshot import EngineView, Snapshot
-from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH
+from exporter.sources.nvml import MAX_GPUS
+from exporter.sources.vllm_page import (
+    MAX_CACHE_CONFIG_LABELS,
+    MAX_ENGINES,
+    MAX_LABEL_VALUE_LENGTH,
+    cut_label,
+)
 
 PREFIX = "kv_headroom_"
 # Values are written exactly as prometheus_client writes them (Go's float format).
@@ -77,7 +84,9 @@ METRICS: tuple[Spec, ...] = (
     Spec("overcommit_ratio", "gauge", _E, "Expected remaining growth of the running sequences (committed_tokens) over the free KV tokens; above 1 the running batch will not fit.", "ratio", "risk model"),
     Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
     Spec("seconds_to_exhaustion", "gauge", _E, "Free KV tokens over the growth of used tokens (trend over the last minute); +Inf when not growing.", "seconds", "risk model"),
-    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and waiting queue vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
+    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
+    Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
+    Spec("bottleneck", "gauge", ("engine", "resource"), "What keeps waiting requests from being admitted: 1 for the binding resource (kv_cache, max_num_seqs, compute, stalled, none), 0 for the others.", "bool", "risk model"),
     # gpu
     Spec("gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory total (NVML).", "bytes", "NVML"),
     Spec("gpu_memory_used_bytes", "gauge", ("gpu",), "GPU memory used by every process (NVML).", "bytes", "NVML"),
@@ -86,9 +95,11 @@ METRICS: tuple[Spec, ...] = (
     # self
     Spec("source_up", "gauge", ("source",), "1 when the source answered the last poll (vllm, nvml, model).", "bool", "sidecar"),
     Spec("source_last_success_timestamp_seconds", "gauge", ("source",), "When the source last answered (Unix time).", "seconds", "sidecar"),
+    Spec("source_poll_duration_seconds", "gauge", ("source",), "How long the source's part of the last poll took, answered or not.", "seconds", "sidecar"),
+    Spec("source_missing_info", "gauge", ("source", "what"), "What an answering source lacks that the sidecar reads (e.g. vllm cache_config_info: no observed capacity); value 1, absent when nothing is missing.", "info", "sidecar"),
     Spec("poll_errors", "counter", ("source",), "Polls in which the source failed.", "count", "sidecar"),
     Spec("poll_duration_seconds", "gauge", (), "Duration of the last poll, sources to snapshot.", "seconds", "sidecar"),
-    Spec("cardinality_limited", "gauge", ("limit",), "What a cardinality limit left out of the last poll: engines beyond 64, gpus beyond 64, cache_config_labels beyond 128 per engine, label_values cut to 256 characters; 0 within the limits.", "count", "sidecar"),
+    Spec("cardinality_limited", "gauge", ("limit",), f"What a cardinality limit left out of the last poll: engines beyond {MAX_ENGINES}, gpus beyond {MAX_GPUS}, cache_config_labels beyond {MAX_CACHE_CONFIG_LABELS} per engine, label_values cut to {MAX_LABEL_VALUE_LENGTH} characters; 0 within the limits.", "count", "sidecar"),
     Spec("build_info", "gauge", ("version", "python_version"), "The sidecar's version; value 1.", "info", "sidecar"),
     Spec("info", "gauge", ("model", "attention_kind", "kv_cache_dtype", "block_size", "tensor_parallel_size", "pipeline_parallel_size", "vllm_version"), "The deployment as the sidecar sees it; value 1.", "info", "deployment"),
     Spec("deployment_flag_info", "gauge", ("flag", "value", "source"), "Each deployed vLLM flag and where the sidecar learnt it; value 1.", "info", "deployment"),
@@ -112,10 +123,7 @@ class _Families:
         # no label value leaves the sidecar longer than the parser keeps its own.
         if any(len(v) > MAX_LABEL_VALUE_LENGTH for v in values):
             self.cut += sum(len(v) > MAX_LABEL_VALUE_LENGTH for v in values)
-            values = tuple(
-                v if len(v) <= MAX_LABEL_VALUE_LENGTH else v[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
-                for v in values
-            )
+            values = tuple(cut_label(v) for v in values)
         self._samples.setdefault(name, []).append((values, float(value)))
 
     def families(self) -> Iterator[Metric]:
@@ -217,6 +225,9 @@ class SnapshotCollector:
             f.add("source_up", [src.name], 1 if src.up else 0)
             f.add("source_last_success_timestamp_seconds", [src.name], src.last_success)
             f.add("poll_errors", [src.name], src.errors_total)
+            f.add("source_poll_duration_seconds", [src.name], src.poll_duration_seconds)
+            for what in src.missing:
+                f.add("source_missing_info", [src.name, what], 1)
         f.add("poll_duration_seconds", [], snap.poll_duration_seconds)
         f.add("build_info", [__version__, platform.python_version()], 1)
         self._info(f, snap)
@@ -247,8 +258,7 @@ class SnapshotCollector:
             f.add("kv_budget_bytes", [e, "expected"], plan.kv_budget_bytes)
             f.add("kv_capacity_tokens", [e, "expected"], plan.cap.capacity_tokens)
             f.add("kv_capacity_blocks", [e, "expected"], plan.cap.num_blocks)
-            if v.num_blocks is not None and plan.cap.num_blocks:
-                f.add("budget_drift_ratio", [e], v.num_blocks / plan.cap.num_blocks)
+        f.add("budget_drift_ratio", [e], v.budget_drift_ratio)
         f.add("kv_budget_bytes", [e, "observed"], v.budget_bytes)
         f.add("kv_capacity_tokens", [e, "observed"], v.capacity_tokens)
         f.add("kv_capacity_blocks", [e, "observed"], v.num_blocks)
@@ -285,12 +295,15 @@ class SnapshotCollector:
             f.add("committed_tokens", [e], v.risk.committed_tokens)
             f.add("seconds_to_exhaustion", [e], v.risk.seconds_to_exhaustion)
             f.add("preemption_risk", [e], v.risk.preemption_risk)
+            f.add("risk_history_seconds", [e], v.risk.history_seconds)
+        if v.bottleneck is not None:
+            for resource in RESOURCES:
+                f.add("bottleneck", [e, resource], 1.0 if resource == v.bottleneck else 0.0)
 
     @staticmethod
     def _info(f: _Families, snap: Snapshot) -> None:
         d = snap.deployment
-        plan = snap.expected
-        block = d.int_("block_size") or (plan.block_size if plan else None)
+        block = snap.block_size
         f.add(
             "info",
             [

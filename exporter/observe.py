@@ -3,7 +3,9 @@
 vLLM's counters and histograms restart from zero with the process. Each observation keeps
 ``Totals``: everything counted *since the sidecar started*, advanced by the increase
 between two reads (the new value itself when it went down: a restart), so a window's
-delta is one subtraction and never negative. Pure.
+delta is one subtraction and never negative. ``fold`` is the one place that decides a
+restart happened (a new start time, counters going backwards, a re-sized cache) and turns
+a page into the next observation. Pure.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exporter.capacity.histogram import Histogram, histogram_delta
-from exporter.sources.vllm_page import EngineMetrics, VllmPage
+from exporter.sources.vllm_page import MAX_ENGINES, EngineMetrics, VllmPage
+
+# Per-engine counter state is kept across polls so totals survive restarts; engines that
+# stop appearing are forgotten, least recently seen first, beyond this many.
+MAX_TRACKED_ENGINES = 2 * MAX_ENGINES
 
 _COUNTERS = (
     "preemptions",
@@ -74,12 +80,22 @@ def restarted(before: EngineMetrics, now: EngineMetrics) -> bool:
     return False
 
 
-def advance(total: Totals | None, before: EngineMetrics | None, now: EngineMetrics) -> Totals:
-    """The totals after one more read of an engine. The first read counts nothing."""
+def advance(
+    total: Totals | None,
+    before: EngineMetrics | None,
+    now: EngineMetrics,
+    reset: bool | None = None,
+) -> Totals:
+    """The totals after one more read of an engine. The first read counts nothing.
+
+    ``reset``: whether the engine restarted between the reads, when the caller already
+    knows (``fold`` asks once per engine and poll); else it is worked out here.
+    """
     total = total or Totals()
     if before is None:
         return total
-    reset = restarted(before, now)
+    if reset is None:
+        reset = restarted(before, now)
     counters = {
         name: getattr(total, name) + _increase(getattr(now, name), getattr(before, name))
         for name in _COUNTERS
@@ -102,6 +118,81 @@ class Observation:
     page: VllmPage | None
     totals: Mapping[str, Totals] = field(default_factory=dict)
     epoch: int = 0  # counts vLLM restarts seen: trends never span one
+
+
+# The cache_config_info labels that size the cache: only a restart changes them.
+_CAPACITY_FIELDS = ("num_gpu_blocks", "block_size", "kv_cache_memory_bytes", "cache_dtype")
+
+
+def capacity_changes(before: EngineMetrics, now: EngineMetrics) -> dict[str, str]:
+    """The cache_config_info labels that size the cache and differ between two reads."""
+    a, b = before.cache_config or {}, now.cache_config or {}
+    return {k: f"{a.get(k)} → {b.get(k)}" for k in _CAPACITY_FIELDS if a.get(k) != b.get(k)}
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What folding remembers between polls: each engine's last read (least recently seen
+    first) and totals, vLLM's process start time, and how many restarts were seen."""
+
+    raw: Mapping[str, EngineMetrics] = field(default_factory=dict)
+    totals: Mapping[str, Totals] = field(default_factory=dict)
+    start_time: float | None = None
+    epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One poll folded: the next folder, the observation, and why vLLM restarted (if so)."""
+
+    folder: Folder
+    observation: Observation
+    restart_reasons: tuple[str, ...] = ()
+    # (engine, {label: "before → now"}) for each engine whose cache was re-sized.
+    cache_changes: tuple[tuple[str, Mapping[str, str]], ...] = ()
+
+    @property
+    def restarted(self) -> bool:
+        return bool(self.restart_reasons)
+
+
+def fold(folder: Folder, now: float, page: VllmPage | None) -> Fold:
+    """The observation of one poll, and the folder for the next one."""
+    if page is None:
+        return Fold(folder, Observation(now, None, folder.totals, folder.epoch))
+    reasons: list[str] = []
+    start = folder.start_time
+    if start is not None and page.process_start_time not in (None, start):
+        reasons.append("process_start_time_seconds changed")
+    if page.process_start_time is not None:  # 0.0 is a start time too, not a missing one
+        start = page.process_start_time
+    raw = dict(folder.raw)
+    totals = dict(folder.totals)
+    changes: list[tuple[str, Mapping[str, str]]] = []
+    for read in page.engines:
+        before = raw.pop(read.engine, None)  # re-inserted below: the most recently seen
+        reset = before is not None and restarted(before, read)
+        if reset:
+            reasons.append(f"engine {read.engine}: counters went backwards")
+        if before is not None:
+            changed = capacity_changes(before, read)
+            if changed:
+                # Only a restart re-sizes the cache, even one the counters do not show.
+                changes.append((read.engine, changed))
+                reasons.append(f"engine {read.engine}: cache_config_info changed")
+        totals[read.engine] = advance(totals.get(read.engine), before, read, reset)
+        raw[read.engine] = read
+    while len(raw) > MAX_TRACKED_ENGINES:
+        gone = next(iter(raw))
+        del raw[gone]
+        totals.pop(gone, None)
+    epoch = folder.epoch + 1 if reasons else folder.epoch
+    return Fold(
+        Folder(raw, totals, start, epoch),
+        Observation(now, page, totals, epoch),
+        tuple(reasons),
+        tuple(changes),
+    )
 
 
 class History:

@@ -1,14 +1,18 @@
-"""One immutable snapshot of everything the sidecar exports, built from the history. Pure.
+"""One immutable snapshot of everything the sidecar exports, assembled here. Pure.
 
-The poll loop is the only writer: it appends an observation, calls ``build`` and swaps
-the result in; a scrape only renders the latest snapshot.
+The poll loop is the only writer: it appends an observation, resolves the deployment
+(``deployment_of``), calls ``build`` with what the sources read and swaps the result in;
+a scrape only renders the latest snapshot. Every figure the collector writes is computed
+here, so the collector only formats.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from exporter.capacity.gpus import GIB
 from exporter.capacity.histogram import Histogram, histogram_delta
 from exporter.capacity.kvcache import Layout
 from exporter.capacity.live import (
@@ -21,28 +25,25 @@ from exporter.capacity.live import (
     ratio,
 )
 from exporter.capacity.memory import requested_memory
-from exporter.capacity.plan import Plan
+from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
-from exporter.deployment import Resolved, label_value
+from exporter.config import Deployment
+from exporter.deployment import Resolved, gpu_for_plan, label_value, plan_request, resolve
+from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
+from exporter.risk.bottleneck import classify
 from exporter.risk.model import Inputs, Point, Risk, assess
+from exporter.sources.base import Readings, SourceState
+from exporter.sources.model_dir import LoadedModel
+from exporter.sources.nvml import GpuMemory
 from exporter.sources.vllm_page import EngineMetrics
 
-GIB = 1 << 30
+__all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build", "deployment_of"]
+
 # What vLLM uses on a GPU outside its budget: the CUDA context (≈0.5 GiB on H100s),
 # and before 0.20 the CUDA-graph pool too (not subtracted from the budget then).
 CUDA_CONTEXT_BYTES = GIB // 2
 RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
-
-
-@dataclass(frozen=True)
-class SourceState:
-    name: str
-    up: bool
-    last_success: float | None = None
-    error_kind: str | None = None
-    error: str | None = None
-    errors_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class EngineView:
     prefix_cache_extra_sequences: int | None
     stale: bool  # vLLM did not answer this poll: load figures are withheld
     risk: Risk | None = None
+    # What keeps waiting requests from being admitted (risk/bottleneck.py), and why.
+    bottleneck: str | None = None
+    bottleneck_evidence: str = ""
+    budget_drift_ratio: float | None = None  # observed ÷ expected blocks
 
 
 @dataclass(frozen=True)
@@ -101,17 +106,10 @@ class Snapshot:
     notes: tuple[str, ...] = field(default=())
     # What a cardinality limit left out of this snapshot, by limit (engines, gpus, ...).
     limited: Mapping[str, int] = field(default_factory=dict)
+    block_size: int | None = None  # as deployed, else as expected
 
     def source(self, name: str) -> SourceState | None:
         return next((s for s in self.sources if s.name == name), None)
-
-    @property
-    def budget_drift_ratio(self) -> float | None:
-        """Observed ÷ expected KV blocks of engine 0 (1.0: vLLM sized its cache as predicted)."""
-        if self.expected is None or not self.engines:
-            return None
-        observed = self.engines[0].num_blocks
-        return ratio(observed, self.expected.cap.num_blocks) if observed is not None else None
 
 
 def _window_histogram(
@@ -221,10 +219,12 @@ def engine_view(
         extra = occupancy.usable_blocks // per - at_p95
 
     risk = None
+    bottleneck = None
     if not stale and occupancy is not None and recent:
+        points = _points(recent, raw.engine)
         risk = assess(
             Inputs(
-                points=_points(recent, raw.engine),
+                points=points,
                 capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
                 block_size=occupancy.block_size,
                 max_num_seqs=max_num_seqs,
@@ -236,6 +236,15 @@ def engine_view(
                     recent, raw.engine, now_totals, "generation_len"
                 ),
             )
+        )
+        current = [p for p in points if points and p.epoch == points[-1].epoch]
+        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
+        typical = recent_prompt or prompt
+        bottleneck = classify(
+            current,
+            occupancy.usable_blocks * occupancy.block_size,
+            max_num_seqs,
+            typical.sum / typical.count if typical is not None and typical.count else None,
         )
 
     return EngineView(
@@ -263,6 +272,13 @@ def engine_view(
         prefix_cache_extra_sequences=extra,
         stale=stale,
         risk=risk,
+        bottleneck=bottleneck.resource if bottleneck is not None else None,
+        bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
+        budget_drift_ratio=(
+            num_blocks / plan.cap.num_blocks
+            if plan is not None and isinstance(num_blocks, int) and plan.cap.num_blocks
+            else None
+        ),
     )
 
 
@@ -298,6 +314,8 @@ def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
                 totals.requests_finished,
                 totals.generation_tokens,
                 obs.epoch,
+                totals.prompt_tokens,
+                totals.preemptions,
             )
         )
     return out
@@ -328,10 +346,8 @@ def engine_views(
     )
 
 
-def gpu_views(
-    gpus: Sequence[tuple[int, str, str, int, int, int]], plan: Plan | None
-) -> tuple[GpuView, ...]:
-    """Per GPU (index, uuid, name, CUDA total, NVML total, used): foreign = used − footprint.
+def gpu_views(gpus: Sequence[GpuMemory], plan: Plan | None) -> tuple[GpuView, ...]:
+    """Per GPU: foreign = used − this vLLM's expected footprint.
 
     In a container NVML reports host PIDs, so processes cannot be matched to vLLM reliably;
     instead vLLM's footprint is what it is expected to take — its ceiling (utilization ×
@@ -339,7 +355,8 @@ def gpu_views(
     CUDA-graph pool before 0.20 — and anything used beyond that belongs to someone else.
     """
     out = []
-    for index, uuid, name, cuda_total, nvml_total, used in gpus:
+    for gpu in gpus:
+        used, cuda_total = gpu.used_bytes, gpu.cuda_total_bytes
         foreign = None
         if plan is not None:
             stage = plan.tightest
@@ -355,5 +372,155 @@ def gpu_views(
             ):
                 footprint += plan.request.overhead.cuda_graph
             foreign = max(0, used - footprint)
-        out.append(GpuView(index, uuid, name, nvml_total, used, foreign))
+        out.append(GpuView(gpu.index, gpu.uuid, gpu.name, gpu.total_bytes, used, foreign))
     return tuple(out)
+
+
+def deployment_of(history: History, readings: Readings, config: Deployment) -> Resolved:
+    """The flags vLLM runs with, from its last good page, /v1/models, its command line and
+    the sidecar's ``deployment:`` config, most trusted first."""
+    good = history.last_good()
+    cache_config = None
+    if good is not None and good.page is not None and good.page.engines:
+        cache_config = good.page.engines[0].cache_config
+    card, flags = readings.card, readings.flags
+    cmdline: dict[str, object] = dict(flags.values) if flags else {}
+    if flags and flags.model and "model" not in cmdline:
+        cmdline["model"] = flags.model
+    overrides = {k: v for k, v in asdict(config).items() if v is not None}
+    return resolve(
+        cache_config=cache_config,
+        max_model_len=card.max_model_len if card else None,
+        version=readings.version,
+        served_model=card.root if card else None,
+        cmdline=cmdline,
+        config=overrides,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _plan_or_why(request: PlanRequest) -> Plan | str:
+    """``plan`` memoised: the request only changes when the deployment or GPU does."""
+    try:
+        return plan(request)
+    except InputError as e:
+        return str(e)
+
+
+def expected_plan(
+    deployment: Resolved,
+    model: LoadedModel | None,
+    gpus: Sequence[GpuMemory],
+    configured_gpu: str | None,
+) -> tuple[Plan | None, str]:
+    """What vLLM should have allocated, and where that came from (or why there is none)."""
+    if model is None:
+        return None, "no model config: expected capacity needs the model's config.json"
+    nvml_gpu = (gpus[0].name, gpus[0].cuda_total_bytes) if gpus else None
+    gpu, gpu_note = gpu_for_plan(
+        nvml_gpu, configured_gpu, deployment.int_("kv_cache_memory_bytes") is not None
+    )
+    if gpu is None:
+        return None, f"GPU memory {gpu_note}"
+    request = plan_request(
+        deployment,
+        arch=model.arch,
+        model_name=model.source.name,
+        gpu=gpu,
+        weights_bytes=model.source.weights_bytes,
+        weights_source=model.source.weights_source or "estimate",
+    )
+    result = _plan_or_why(request)
+    if isinstance(result, str):
+        return None, result
+    return result, f"from the model config and flags; GPU {gpu_note}"
+
+
+def bytes_per_token(expected: Plan | None, history: History) -> tuple[float | None, str | None]:
+    """From the model config; else implied by vLLM's own memory ÷ tokens (no override)."""
+    if expected is not None:
+        return float(expected.kv_bytes_per_token), "config"
+    good = history.last_good()
+    if good is None or good.page is None or not good.page.engines:
+        return None, None
+    cc = good.page.engines[0].cache_config or {}
+    memory = label_value(cc.get("kv_cache_memory_bytes"), int)
+    tokens = label_value(cc.get("kv_cache_size_tokens"), int)
+    override = label_value(cc.get("num_gpu_blocks_override"), int)
+    if isinstance(memory, int) and isinstance(tokens, int) and tokens > 0 and override is None:
+        return memory / tokens, "implied: kv_cache_memory_bytes ÷ kv_cache_size_tokens"
+    return None, None
+
+
+def served_model_name(readings: Readings, engines: Sequence[EngineView]) -> str | None:
+    """The model as vLLM serves it (``--served-model-name``, else its ``--model``), so the
+    sidecar's ``model`` label joins vLLM's own ``model_name``: /v1/models first, then the
+    page's ``model_name`` label, then the model directory's name."""
+    if readings.card is not None and readings.card.names:
+        return readings.card.names[0]
+    if engines and engines[0].model_name:
+        return engines[0].model_name
+    return readings.model.source.name if readings.model is not None else None
+
+
+def build(
+    now: float,
+    *,
+    history: History,
+    readings: Readings,
+    sources: Sequence[SourceState],
+    deployment: Resolved,
+    window_seconds: float,
+    configured_gpu: str | None,
+    duration: float,
+) -> Snapshot:
+    """Everything one poll exports, from the history and what the sources read."""
+    model = readings.model
+    nvml_gpus = readings.nvml.gpus if readings.nvml is not None else ()
+    expected, note = expected_plan(deployment, model, nvml_gpus, configured_gpu)
+    engines = engine_views(history, window_seconds, deployment, expected)
+    per_token, per_token_source = bytes_per_token(expected, history)
+    limited: dict[str, int] = {}
+    latest = history.latest
+    if latest is not None and latest.page is not None:
+        limited.update(latest.page.limited)
+    if readings.nvml is not None and readings.nvml.left_out:
+        limited["gpus"] = readings.nvml.left_out
+    vllm = next((s for s in sources if s.name == "vllm"), None)
+    return Snapshot(
+        time=now,
+        sources=tuple(sources),
+        poll_duration_seconds=duration,
+        deployment=deployment,
+        model_name=served_model_name(readings, engines),
+        attention_kind=model.arch.attention_kind.value if model else None,
+        kv_bytes_per_token=per_token,
+        kv_bytes_per_token_source=per_token_source,
+        expected=expected,
+        expected_note=note,
+        engines=engines,
+        gpus=gpu_views(nvml_gpus, expected) if readings.nvml is not None else (),
+        vllm_ready=vllm is not None and vllm.last_success is not None,
+        notes=tuple(model.arch.approximate) if model else (),
+        limited=limited,
+        block_size=deployment.int_("block_size") or (expected.block_size if expected else None),
+    )
+
+
+def empty(now: float, sources: Sequence[SourceState]) -> Snapshot:
+    """What is served before the first poll."""
+    return Snapshot(
+        time=now,
+        sources=tuple(sources),
+        poll_duration_seconds=0.0,
+        deployment=Resolved(),
+        model_name=None,
+        attention_kind=None,
+        kv_bytes_per_token=None,
+        kv_bytes_per_token_source=None,
+        expected=None,
+        expected_note="no poll yet",
+        engines=(),
+        gpus=(),
+        vllm_ready=False,
+    )

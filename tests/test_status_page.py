@@ -22,7 +22,7 @@ from exporter.deployment import Resolved
 from exporter.poller import Poller
 from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, load_scenario
-from exporter.snapshot import EngineView, Snapshot
+from exporter.snapshot import Snapshot
 from exporter.sources.vllm import VllmClient
 from exporter.status import status_page
 from exporter.trail import Trail, trail_of
@@ -148,22 +148,13 @@ async def test_the_demo_gpu_holds_no_foreign_memory_of_its_own_making(
     assert [g.foreign_bytes for g in snap.gpus] == [0]
 
 
-@dataclass(frozen=True)
-class _WithBottleneck(EngineView):
-    """An EngineView as the bottleneck model will make it."""
-
-    bottleneck: str | None = None
-    bottleneck_evidence: str = ""
-
-
-async def test_the_bottleneck_and_its_evidence_are_shown_when_the_snapshot_has_them(
+async def test_the_bottleneck_and_its_evidence_are_shown(
     demo: Callable[[str], Awaitable[Stack]],
 ) -> None:
     stack = await demo("demo")
     snap = await stack.run(10)
-    fields = {f: getattr(snap.engines[0], f) for f in EngineView.__dataclass_fields__}
-    view = _WithBottleneck(
-        **fields, bottleneck="kv_cache", bottleneck_evidence="3 waiting, 0 free blocks"
+    view = replace(
+        snap.engines[0], bottleneck="kv_cache", bottleneck_evidence="3 waiting, 0 free blocks"
     )
     html = status_page(replace(snap, engines=(view,)), stack.config, Trail())
     assert "<th>limited by</th><td>kv_cache</td><td>3 waiting, 0 free blocks</td>" in html

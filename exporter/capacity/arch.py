@@ -10,7 +10,7 @@ state of Mamba / linear-attention layers in hybrid models. Pure: a dict in, a fr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -42,8 +42,8 @@ class AttentionKind(StrEnum):
 class StateShape:
     """A recurrent layer's per-sequence state, as element counts before TP sharding.
 
-    ``conv`` and ``ssm`` are the two tensors vLLM keeps; ``tp_shardable`` says how many
-    heads the TP split divides (states are split by heads across TP ranks).
+    ``conv`` and ``ssm`` are the two tensors vLLM keeps; both are split by heads across
+    TP ranks.
     """
 
     conv_elems: int
@@ -167,7 +167,6 @@ class _Reader:
     cfg: Mapping[str, Any]
     origin: str
     prefix: str = ""
-    used: dict[str, object] = field(default_factory=dict)
 
     def path(self, key: str) -> str:
         return f"{self.prefix}{key}"

@@ -38,9 +38,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from exporter.capacity.gpus import GIB
 from exporter.capacity.releases import Release
-
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)

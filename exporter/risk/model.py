@@ -10,9 +10,13 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
 * **level** — the mean occupancy over the last two minutes, plus its trend over the last
   five (least-squares slopes: the smaller of the five minutes' and their last half's,
   so that traffic that stepped up and then held is no ramp) carried ``HORIZON`` seconds
-  ahead when it is rising, plus
-  the prompts of the requests waiting to be admitted; at least the level today's traffic
-  mix settles at (Little's law on the last three minutes' requests);
+  ahead when it is rising; at least the level today's traffic mix settles at (Little's law
+  on the last three minutes' requests); plus the **queue as fast as it can be admitted**:
+  waiting requests raise the occupancy only while the engine admits them faster than it
+  finishes requests (resident requests = running × admitted ÷ finished over the last
+  minute, at most running + waiting and ``max_num_seqs``). A queue held back by prefill
+  compute or by ``max_num_seqs`` is admitted as fast as requests leave and adds nothing: it
+  is not KV pressure (``bottleneck.py`` says what it is instead);
 * **spread** — not the noisy spread of a few polls but the one the traffic implies: for
   requests arriving at random (an M/G/∞ system) the occupancy's variance is its mean
   times ``E[∫size²]/E[∫size]`` over a request's life, from the prompt- and
@@ -36,12 +40,21 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
 the batch's committed growth over the free tokens; ``seconds_to_exhaustion`` the free
 tokens over the occupancy's one-minute trend (+Inf when it is not growing). A vLLM restart
 (a new epoch) starts the history afresh and a trend needs two minutes of it; an idle
-server has no risk. Prefix caching needs nothing special: vLLM counts cached blocks that
+server has no risk.
+
+**From the first poll** the model has an opinion: with no finished request to measure,
+priors stand in — a waiting request is the size of a running one, the running sequences
+will generate as much again as they have so far (the age prior: with nothing finished,
+a sequence's remaining length is best guessed by its age), and the spread is that of
+requests of that size. ``Risk.history_seconds`` says how much history the figure rests on
+(the trend needs ``TREND_MIN_SECONDS``); a cold server bursting gets a high risk at once
+rather than a confident 0. Prefix caching needs nothing special: vLLM counts cached blocks that
 no request holds as free (they are evicted on demand), and so does its usage gauge.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,7 +67,6 @@ TREND_SECONDS = 300.0  # its trend is fitted over this long
 TTE_SECONDS = 60.0  # time to exhaustion uses this trend
 QUEUE_SECONDS = 30.0  # the waiting queue is its mean over this long
 HORIZON = 180.0  # how far ahead the risk looks
-MIN_SECONDS = 30.0  # less history than this: no opinion yet
 # A trend needs this much history: a cache filling from empty after a (re)start is not
 # a trend to project, and the Little's-law level covers that time.
 TREND_MIN_SECONDS = 120.0
@@ -77,6 +89,8 @@ class Point:
     finished: float  # requests finished since the sidecar started (never decreases)
     generated: float  # generation tokens since the sidecar started (never decreases)
     epoch: int  # changes when vLLM restarts: history does not span it
+    prompt: float | None = None  # prompt tokens prefilled since the sidecar started
+    preemptions: float | None = None  # preemptions since the sidecar started
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,7 @@ class Risk:
     overcommit_ratio: float
     seconds_to_exhaustion: float
     preemption_risk: float
+    history_seconds: float = 0.0  # how much of this epoch's history the figures rest on
 
 
 IDLE = Risk(0.0, 0.0, 0.0, 0.0, 0.0, math.inf, 0.0)
@@ -196,18 +211,53 @@ def implied_level(inputs: Inputs, pts: Sequence[Point], since: float) -> float |
     return finished / span * step * per_request
 
 
+def _mean(h: Histogram | None) -> float | None:
+    return h.sum / h.count if h is not None and h.count > 0 else None
+
+
+def queued_tokens(
+    pts: Sequence[Point], prompt: float, per_request: float, max_num_seqs: int | None
+) -> float:
+    """What the waiting queue adds to the occupancy: requests become resident only as fast
+    as the engine admits them faster than it finishes others (Little's law: resident =
+    running × admitted ÷ finished over the last minute), at most all of them and
+    ``max_num_seqs``. With nothing finished yet there is no rate to go by, and the whole
+    queue counts. ``prompt`` is a typical prompt, ``per_request`` what a resident request
+    holds on average over its life."""
+    last = pts[-1]
+    recent = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
+    waiting = sum(recent) / len(recent)
+    if waiting <= 0 or per_request <= 0:
+        return 0.0
+    target = last.running + waiting
+    if max_num_seqs:
+        target = min(target, float(max_num_seqs))
+    window = [p for p in pts if p.t >= last.t - TTE_SECONDS]
+    first = window[0]
+    finished = last.finished - first.finished
+    if finished > 0 and first.prompt is not None and last.prompt is not None:
+        admitted = (last.prompt - first.prompt) / prompt if prompt > 0 else 0.0
+        running = sum(p.running for p in window) / len(window)
+        target = min(target, running * max(admitted, 0.0) / finished)
+    return max(0.0, target - last.running) * per_request
+
+
 def assess(inputs: Inputs) -> Risk:
     if not inputs.points:
         return IDLE
     epoch = inputs.points[-1].epoch
     pts = [p for p in inputs.points if p.epoch == epoch]
     last = pts[-1]
-    if last.t - pts[0].t < MIN_SECONDS:
-        return IDLE
+    history = last.t - pts[0].t
+    if last.running <= 0 and last.waiting <= 0 and last.usage <= 0 and history < TTE_SECONDS:
+        return dataclasses.replace(IDLE, history_seconds=history)
     capacity = inputs.capacity_tokens
     used = [p.usage * capacity for p in pts]
     ts = [p.t for p in pts]
     free = max(0.0, capacity - used[-1])
+    # Priors for a server the model has not watched finish anything yet: a request the
+    # size of what a running sequence holds now.
+    held = used[-1] / last.running if last.running >= 1 else 0.0
 
     def window(seconds: float) -> tuple[list[float], list[float]]:
         keep = [i for i, t in enumerate(ts) if t >= last.t - seconds]
@@ -226,19 +276,19 @@ def assess(inputs: Inputs) -> Risk:
     t_late, u_late = window((last.t - t_trend[0]) / 2)
     late = _slope(t_late, u_late) if len(t_late) > 2 else 0.0
     trend = 0.0
-    if last.t - pts[0].t >= TREND_MIN_SECONDS:
+    if history >= TREND_MIN_SECONDS:
         trend = min(_slope(t_trend, u_trend), late)
     forecast = level + max(0.0, trend) * HORIZON
-    # Requests waiting now are admitted with their prompts as soon as blocks free up.
-    p_mean = _moments(inputs.recent_prompt or inputs.prompt)
-    recent_waiting = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
-    queued = sum(recent_waiting) / len(recent_waiting) * (p_mean[0] if p_mean else 0.0)
-    forecast += queued
     implied = implied_level(inputs, pts, t_trend[0])
     if implied is not None:
         # The level today's traffic mix settles at (Little's law) — ahead of the
         # occupancy when the mix just changed.
         forecast = max(forecast, implied)
+    prompt_mean = _mean(inputs.recent_prompt) or _mean(inputs.prompt) or held
+    generation_mean = _mean(inputs.recent_generation) or _mean(inputs.generation) or 0.0
+    forecast += queued_tokens(
+        pts, prompt_mean, prompt_mean + generation_mean / 2, inputs.max_num_seqs
+    )
 
     # Little's law: mean duration = mean running / finish rate.
     finished = pts[-1].finished - next(p.finished for p in pts if p.t >= t_trend[0])
@@ -248,6 +298,10 @@ def assess(inputs: Inputs) -> Risk:
     draws = max(1.0, HORIZON / max(duration, 1.0))
 
     ratio = dispersion(inputs.prompt, inputs.generation)
+    if ratio is None and held > 0:
+        # No finished request to measure: sizes as varied as exponential ones around
+        # what a running sequence holds (variance over mean = 2 × the mean).
+        ratio = 2.0 * held
     # n samples of one request arrive, grow and finish together: n times the variance.
     ratio = ratio * max(1.0, inputs.sequences_per_request) if ratio else None
     theory = math.sqrt(max(forecast, 0.0) * ratio) if ratio else 0.0
@@ -272,12 +326,15 @@ def assess(inputs: Inputs) -> Risk:
         # Admission control caps the occupancy: a cap inside the cache makes it safe.
         touch = min(touch, capped)
 
-    remaining = residual_generation(inputs.generation) or 0.0
-    committed = last.running * remaining
+    remaining = residual_generation(inputs.generation)
+    if remaining is None and last.running >= 1 and last.finished <= pts[0].finished:
+        # Nothing finished yet: the age prior — as much again as generated so far.
+        remaining = max(0.0, last.generated - pts[0].generated) / last.running
+    committed = last.running * (remaining or 0.0)
     overcommit = committed / free if free > 0 else (math.inf if committed > 0 else 0.0)
     # A batch admitted faster than the level shows: its growth alone overfills the cache.
     batch = 0.0 if not math.isfinite(overcommit) else max(0.0, min(1.0, overcommit - 1.0))
     if not math.isfinite(overcommit):
         batch = 1.0
     risk = max(touch, batch * min(1.0, last.usage / 0.8))
-    return Risk(forecast, spread, free, committed, overcommit, tte, risk)
+    return Risk(forecast, spread, free, committed, overcommit, tte, risk, history)

@@ -7,10 +7,9 @@ alert benchmark, tests) or behind the HTTP server on a real clock (``demo``).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 
 from exporter.capacity.arch import parse_config
@@ -221,12 +220,3 @@ class Simulation:
         used = vllm_bytes + CUDA_CONTEXT_BYTES + self.scenario.foreign_bytes_at(self.now)
         nvml_total = cuda_total + NVML_RESERVE_BYTES
         return nvml_total, min(used, nvml_total), cuda_total
-
-
-def with_overrides(scenario: Scenario, **deployment: object) -> Scenario:
-    return replace(scenario, deployment={**scenario.deployment, **deployment})
-
-
-def sample_times(duration: float, every: float) -> Iterator[float]:
-    for i in range(1, math.floor(duration / every) + 1):
-        yield i * every

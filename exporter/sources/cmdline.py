@@ -28,6 +28,10 @@ from types import MappingProxyType
 import yaml
 
 from exporter.errors import InputError
+from exporter.log import get_logger
+from exporter.sources.base import Jobs, Outcome, Readings, Stage
+
+PROCESS_SCAN_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -361,3 +365,62 @@ def find_vllm_processes(proc_path: str = "/proc") -> list[VllmProcess]:
         if (parent := _parent_pid(root / str(proc.pid))) not in found
         or found[parent].argv != proc.argv
     ]
+
+
+class ProcessSource:
+    """The vLLM process and its flags, rescanned every 30 s and after a restart.
+
+    A helper, not a health source: most pods do not share their process namespace, and
+    that is no failure.
+    """
+
+    name = "process"
+    stage = Stage.FIRST
+    reports_health = False
+
+    def __init__(
+        self,
+        *,
+        proc_path: str,
+        port: int,
+        within: float,
+        find: Callable[[str], list[VllmProcess]],
+        read_flags: Callable[[VllmProcess], Flags],
+    ) -> None:
+        self._proc, self._port, self._within = proc_path, port, within
+        self._find, self._read_flags = find, read_flags
+        self._due = 0.0
+        self._jobs = Jobs()
+        self._log = get_logger()
+
+    def _scan(self) -> tuple[VllmProcess, Flags] | None:
+        found = [(p, self._read_flags(p)) for p in self._find(self._proc)]
+        # Several vLLMs on one host (not in a pod): the one serving our URL's port.
+        serving = [(p, f) for p, f in found if f.values.get("port", 8000) == self._port]
+        if serving:
+            return serving[0]
+        return found[0] if len(found) == 1 else None
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        if now < self._due:
+            return None
+        self._due = now + PROCESS_SCAN_SECONDS
+        try:
+            result = await self._jobs.run("scan", self._scan, self._within)
+        except TimeoutError:
+            return None
+        except Exception as e:  # an unreadable /proc entry is not worth a failed poll
+            self._log.debug("process_scan_failed", error=f"{type(e).__name__}: {e}")
+            return None
+        if result is None:
+            # Nothing found (vLLM between processes, or out of sight): the last flags seen
+            # stay the best word on the deployment until a scan finds a process again.
+            return None
+        process, flags = result
+        if readings.process is None or process.pid != readings.process.pid:
+            self._log.info("vllm_process_found", pid=process.pid, problems=list(flags.problems))
+        readings.process, readings.flags = process, flags
+        return None
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        self._due = now  # the flags may have changed with the restart: scan next poll

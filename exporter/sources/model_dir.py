@@ -1,5 +1,6 @@
 """Find and read a model: a ``config.json``, a model dir, a Hugging Face cache entry, or a
-catalogue name; and the checkpoint's size from its weight files.
+catalogue name; and the checkpoint's size from its weight files. ``ModelDirSource`` is the
+sidecar's ``model`` source: where the running vLLM's model is, read once per location.
 
 The Hugging Face cache keeps ``models--ORG--NAME/snapshots/REV/`` with ``refs/main``
 naming the current revision; the files there are links into ``blobs/``, so sizes are read
@@ -9,13 +10,18 @@ through the links.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from exporter.capacity.arch import ModelArch, parse_config
 from exporter.capacity.catalogue import CatalogueModel, find_model, parse_catalogue
+from exporter.deployment import Resolved
 from exporter.errors import InputError
+from exporter.log import get_logger
+from exporter.sources.base import Jobs, Outcome, Readings, Stage
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -142,3 +148,106 @@ def load_model(spec: str) -> ModelSource:
         "",
         found.notes,
     )
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model as the sidecar read it, and what it was read for."""
+
+    key: tuple[str, str]  # (where, dtype)
+    source: ModelSource
+    arch: ModelArch
+
+
+def hf_caches(env: Mapping[str, str]) -> list[Path]:
+    """Where a Hugging Face hub cache may be, as vLLM's environment says."""
+    roots = []
+    if env.get("HF_HUB_CACHE"):
+        roots.append(Path(env["HF_HUB_CACHE"]))
+    if env.get("HF_HOME"):
+        roots.append(Path(env["HF_HOME"]) / "hub")
+    roots.append(Path(env.get("HOME", "/root")) / ".cache" / "huggingface" / "hub")
+    return roots
+
+
+def locate_model(
+    configured: str | None, deployment: Resolved, env: Mapping[str, str]
+) -> str | None:
+    """``model.path``; else vLLM's ``--model`` when that path is visible here too, directly
+    or as an entry of a Hugging Face cache named by ``env`` (vLLM's, when visible)."""
+    if configured:
+        return configured
+    model = deployment.str_("model")
+    if model and Path(model).exists():
+        return model
+    if model and "/" in model:
+        for root in hf_caches(env):
+            candidate = root / ("models--" + model.replace("/", "--"))
+            if candidate.is_dir():
+                return str(candidate)
+    return None
+
+
+class ModelDirSource:
+    """The model's ``config.json`` and checkpoint size, read again only when the location
+    or dtype changes. Down (``not_configured``) without a model path: a choice, not an error.
+    """
+
+    name = "model"
+    stage = Stage.AFTER_DEPLOYMENT
+    reports_health = True
+
+    def __init__(
+        self,
+        *,
+        configured: str | None,
+        env: Mapping[str, str],
+        load: Callable[[str], ModelSource],
+        within: float,
+    ) -> None:
+        self._configured, self._env, self._load, self._within = configured, env, load, within
+        self._jobs = Jobs()
+        self._log = get_logger()
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        deployment = readings.deployment
+        env = readings.process.environ if readings.process is not None else self._env
+        where = locate_model(self._configured, deployment, env)
+        if where is None:
+            readings.model = None
+            return "not_configured", "no model path: set model.path"
+        dtype = deployment.str_("dtype") or "auto"
+        key = (where, dtype)
+        if readings.model is not None and readings.model.key == key:
+            return None
+        load = self._load
+
+        def read() -> tuple[ModelSource, ModelArch]:
+            source = load(where)
+            return source, parse_config(
+                source.config, source.config_path, dtype=dtype, name=source.name
+            )
+
+        readings.model = None
+        try:
+            # A model dir on a slow mount may take a few polls; the same read is awaited
+            # again next poll rather than started twice.
+            source, arch = await self._jobs.run(f"model:{where}:{dtype}", read, self._within)
+        except TimeoutError:
+            return "timeout", f"reading {where} did not finish in time"
+        except InputError as e:
+            return "bad_model", str(e)
+        except (OSError, ValueError, RecursionError) as e:
+            return "bad_model", f"{where}: {type(e).__name__}: {e}"
+        readings.model = LoadedModel(key, source, arch)
+        self._log.info(
+            "model_loaded",
+            path=source.config_path,
+            model=source.name,
+            attention_kind=arch.attention_kind.value,
+            approximate=list(arch.approximate),
+        )
+        return None
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        return None

@@ -1,4 +1,4 @@
-"""GPU memory and compute processes from NVML (``nvidia-ml-py``, imported as ``pynvml``).
+"""GPU memory from NVML (``nvidia-ml-py``, imported as ``pynvml``).
 
 NVML's ``memory.total`` is not the total vLLM sizes its budget from. CUDA's
 ``cudaMemGetInfo`` total leaves out a reserve the driver and firmware keep for themselves,
@@ -16,10 +16,13 @@ shows ``source_up{source="nvml"} 0`` and keeps serving; nothing here raises or l
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from exporter.sources.base import Outcome, Readings, Stage, in_daemon_thread
 
 # pynvml makes one NVMLError subclass per NVML_ERROR_* code; its name is the stable part.
 _KINDS = {
@@ -53,15 +56,8 @@ _UNSUPPORTED = frozenset(
     }
 )
 _NO_SUCH_DEVICE = frozenset({"NVMLError_InvalidArgument", "NVMLError_NotFound"})
-_NOT_AVAILABLE = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 # One vLLM spans at most one node's GPUs (8-16); the cap bounds series and NVML calls.
 MAX_GPUS = 64
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_bytes: int | None  # None when NVML reports it unavailable
 
 
 @dataclass(frozen=True)
@@ -72,7 +68,6 @@ class GpuMemory:
     total_bytes: int  # NVML memory.total, reserve included
     used_bytes: int  # NVML memory.used, from the same query as total
     reserved_bytes: int | None  # v2 query's reserved; None where the driver lacks it
-    processes: tuple[GpuProcess, ...]  # () where the process query is not supported
 
     @property
     def cuda_total_bytes(self) -> int:
@@ -210,7 +205,6 @@ class NvmlReader:
         reserved = None if memory is None else int(memory.reserved)
         if memory is None:
             memory = self._call(doing, nvml.nvmlDeviceGetMemoryInfo, handle)
-        processes = self._optional(doing, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
         return GpuMemory(
             index=int(self._call(doing, nvml.nvmlDeviceGetIndex, handle)),
             uuid=_text(self._call(doing, nvml.nvmlDeviceGetUUID, handle)),
@@ -218,7 +212,6 @@ class NvmlReader:
             total_bytes=int(memory.total),
             used_bytes=int(memory.used),
             reserved_bytes=reserved,
-            processes=tuple(_process(p) for p in processes or ()),
         )
 
     def _call(self, doing: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -247,8 +240,51 @@ class NvmlReader:
         return _Failed(NvmlFailure(kind, f"NVML: {what} ({name})"))
 
 
-def _process(info: Any) -> GpuProcess:
-    used = info.usedGpuMemory
-    # pynvml maps NVML_VALUE_NOT_AVAILABLE to None (WDDM, some containers); raw structs don't
-    unknown = used is None or int(used) == _NOT_AVAILABLE
-    return GpuProcess(pid=int(info.pid), used_bytes=None if unknown else int(used))
+class NvmlSource:
+    """GPU memory of the GPUs vLLM sees (its CUDA_VISIBLE_DEVICES when its process is
+    visible, else the sidecar's own environment, unless ``nvml.devices`` says)."""
+
+    name = "nvml"
+    stage = Stage.FIRST
+    reports_health = True
+
+    def __init__(
+        self,
+        reader: NvmlReader,
+        *,
+        devices: Sequence[str] | None,
+        env: Mapping[str, str],
+        within: float,
+    ) -> None:
+        self.reader = reader
+        self._devices, self._env, self._within = devices, env, within
+        self._task: asyncio.Future[NvmlSample | NvmlFailure] | None = None
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        if self._task is None or self._task.done():
+            process = readings.process
+            env = process.environ if process is not None and process.environ else self._env
+            wanted, selection = select_devices(self._devices, env)
+            reader = self.reader
+            self._task = in_daemon_thread(
+                lambda: reader.read(wanted, selection), "kv-headroom-nvml"
+            )
+        # A read still running from an earlier poll is waited on, never started twice:
+        # NVML handles are not safe to use from two threads.
+        readings.nvml = None
+        try:
+            result = await asyncio.wait_for(asyncio.shield(self._task), timeout=self._within)
+        except TimeoutError:
+            return "timeout", "NVML did not answer in time"
+        if isinstance(result, NvmlFailure):
+            return result.kind, result.message
+        readings.nvml = result
+        return None
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        return None
+
+    async def close(self) -> None:
+        # Bounded, in a daemon thread: nvmlShutdown on a lost GPU can hang too.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(in_daemon_thread(self.reader.close, "kv-headroom-nvml-close"), 2)

@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter.sources.vllm_page import MAX_LABEL_VALUE_LENGTH, MAX_VALUE, VllmPage, parse_page
+from exporter.log import get_logger
+from exporter.sources.base import Outcome, Readings, Stage
+from exporter.sources.vllm_page import MAX_VALUE, VllmPage, cut_label, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
 MAX_JSON_BYTES = 1 << 20
 MAX_MODEL_NAMES = 16
+CARD_REFRESH_SECONDS = 60.0
 
 
 def redact(url: str) -> str:
@@ -170,14 +173,12 @@ def read_page(body: bytes) -> VllmPage:
     problem = incomplete(page, text)
     if problem:
         raise SourceError("incomplete", f"/metrics: {problem}")
-    return page
+    lacking = missing(page)
+    return replace(page, missing=lacking) if lacking else page
 
 
 def _short(value: object) -> str:
-    text = str(value)
-    if len(text) <= MAX_LABEL_VALUE_LENGTH:
-        return text
-    return text[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+    return cut_label(str(value))
 
 
 def _one_line(text: str) -> str:
@@ -197,8 +198,10 @@ def incomplete(page: VllmPage, text: str) -> str | None:
     """Why a page cannot be trusted whole, or None.
 
     The exposition format ends every line with a newline, so a missing one means the body
-    was cut; and every release since 0.5 exposes, per engine, running requests, KV usage
-    and ``cache_config_info`` with its ``block_size`` label.
+    was cut; every release exposes, per engine, running requests and KV usage; and a
+    ``cache_config_info`` that is there must hold sizes the sidecar can divide by. One
+    that is absent (an older or trimmed exporter) is not a reason to distrust the rest:
+    ``missing`` names it and the page is used for what it has.
     """
     if not text.endswith("\n"):
         return "the page ends mid-line (truncated)"
@@ -206,7 +209,7 @@ def incomplete(page: VllmPage, text: str) -> str | None:
         if e.running is None or e.kv_usage is None:
             return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
         if not e.cache_config or "block_size" not in e.cache_config:
-            return f"engine {e.engine}: cache_config_info is missing or has no labels"
+            continue
         block_size = e.cache_config["block_size"]
         if not _positive_int(block_size):
             return f"engine {e.engine}: cache_config_info block_size={block_size[:40]!r}"
@@ -214,6 +217,14 @@ def incomplete(page: VllmPage, text: str) -> str | None:
         if blocks != "None" and not _positive_int(blocks):
             return f"engine {e.engine}: cache_config_info num_gpu_blocks={blocks[:40]!r}"
     return None
+
+
+def missing(page: VllmPage) -> tuple[str, ...]:
+    """What the sidecar reads that this page lacks: ``cache_config_info`` (or its
+    ``block_size`` label) on any engine means no observed capacity for that engine."""
+    if any(not e.cache_config or "block_size" not in e.cache_config for e in page.engines):
+        return ("cache_config_info",)
+    return ()
 
 
 async def gather_vllm(
@@ -233,3 +244,56 @@ async def gather_vllm(
         if isinstance(r, BaseException) and not isinstance(r, SourceError):
             raise r
     return page_r, card, version
+
+
+class VllmSource:
+    """``/metrics`` every poll; ``/v1/models`` and ``/version`` every minute and on restart."""
+
+    name = "vllm"
+    stage = Stage.FIRST
+    reports_health = True
+
+    def __init__(self, client: VllmClient) -> None:
+        self._client = client
+        self._card_due = 0.0
+        self._page_problems = False
+        self._log = get_logger()
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        want_card = now >= self._card_due
+        readings.page = None
+        try:
+            page, card, version = await gather_vllm(self._client, want_card=want_card)
+        except SourceError as e:
+            return e.kind, str(e)
+        if want_card:
+            readings.card = card or readings.card
+            readings.version = version or readings.version
+            self._card_due = now + CARD_REFRESH_SECONDS if card else now
+        # Once when a page starts to carry problems (duplicates, bad values), once when it is
+        # clean again: the page is still used, so this is a warning, not a source down.
+        if page.problems and not self._page_problems:
+            self._log.warning(
+                "vllm_page_problems", first=page.problems[0], count=len(page.problems)
+            )
+        elif not page.problems and self._page_problems:
+            self._log.info("vllm_page_clean")
+        self._page_problems = bool(page.problems)
+        readings.page = page
+        return None
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        """The model and its limits may be new: read the card again now, not in a minute."""
+        card, version = await asyncio.gather(
+            self._client.models(), self._client.version(), return_exceptions=True
+        )
+        if isinstance(card, ModelCard):
+            readings.card, self._card_due = card, now + CARD_REFRESH_SECONDS
+        else:
+            self._card_due = now  # the next poll asks again
+        if isinstance(version, str):
+            readings.version = version
+        for result in (card, version):
+            # A SourceError leaves the old card in place; anything else is a bug to show.
+            if isinstance(result, BaseException) and not isinstance(result, SourceError):
+                raise result

@@ -80,6 +80,9 @@ class VllmPage:
     problems: tuple[str, ...] = field(default=())
     # What a limit left out: engines, cache_config_labels, label_values (cut short).
     limited: Mapping[str, int] = field(default_factory=dict)
+    # Series the sidecar reads that this page lacks, by name (e.g. cache_config_info):
+    # the page is used for what it has.
+    missing: tuple[str, ...] = ()
 
     def engine(self, name: str) -> EngineMetrics | None:
         return next((e for e in self.engines if e.engine == name), None)
@@ -205,11 +208,19 @@ def _bound(text: str) -> float | None:
     return v if v == math.inf or 0.0 <= v <= MAX_VALUE else None
 
 
+def cut_label(value: str) -> str:
+    """A label value from outside, at most ``MAX_LABEL_VALUE_LENGTH`` characters (``…``
+    marks a cut): the one rule for the page, /v1/models, /version and the collector."""
+    if len(value) <= MAX_LABEL_VALUE_LENGTH:
+        return value
+    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+
+
 def _cut(value: str, limited: dict[str, int]) -> str:
     if len(value) <= MAX_LABEL_VALUE_LENGTH:
         return value
     limited["label_values"] = limited.get("label_values", 0) + 1
-    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
+    return cut_label(value)
 
 
 def _cache_config(labels: Mapping[str, str], limited: dict[str, int]) -> dict[str, str]:

@@ -41,7 +41,7 @@ async def test_a_failing_models_or_version_answer_costs_nothing_but_the_card(
     await asyncio.wait_for(sidecar.poll(2), timeout=30)  # bounded by the read timeout
     text = await sidecar.scrape()
     assert value(text, "kv_headroom_source_up", source="vllm") == 1
-    assert sidecar.poller._card is None
+    assert sidecar.poller.readings.card is None
     assert not sidecar.named("poll_failed")
 
 
@@ -80,6 +80,7 @@ async def test_long_label_values_are_cut_and_counted(
 ) -> None:
     long_name = "m" * 10_000
     scripted.page = lambda: PREEMPTED.replace('model_name="tinyllama"', f'model_name="{long_name}"')
+    scripted.card.model = long_name  # a served name vLLM reports on /v1/models too
     sidecar = await make_sidecar(scripted.url, model_path=None)
     await sidecar.poll()
     families = check_exposition(await sidecar.scrape())

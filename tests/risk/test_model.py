@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Callable
 
 from exporter.capacity.histogram import Histogram
-from exporter.risk.model import ALERT_THRESHOLD, IDLE, Inputs, Point, assess
+from exporter.risk.model import ALERT_THRESHOLD, Inputs, Point, assess
 
 BOUNDS = (100.0, 200.0, 1000.0, 2000.0)
 
@@ -115,9 +116,9 @@ def test_a_restart_does_not_spike() -> None:
     assert assess(inputs(points)).preemption_risk < 0.05
 
 
-def test_the_first_seconds_after_a_restart_have_no_opinion() -> None:
+def test_the_first_seconds_after_a_restart_say_how_little_history_they_rest_on() -> None:
     points = history(320, lambda t: 0.8, lambda t: 40.0, epoch=lambda t: 0 if t < 300 else 1)
-    assert assess(inputs(points)) == IDLE
+    assert assess(inputs(points)).history_seconds == 20
 
 
 def test_an_idle_server_has_no_risk() -> None:
@@ -145,9 +146,61 @@ def test_committed_tokens_are_the_running_sequences_mean_remaining_generation() 
     assert assess(inputs(points)).committed_tokens == 40 * 75
 
 
-def test_a_waiting_queue_adds_its_prompts_to_the_forecast_level() -> None:
+def queued(points: list[Point], waiting: float, admitted_per_finished: float) -> list[Point]:
+    """The same history with a queue, prompts prefilled at a multiple of the finish rate."""
+    return [
+        dataclasses.replace(p, waiting=waiting, prompt=p.finished * admitted_per_finished * 1500)
+        for p in points
+    ]
+
+
+def test_a_queue_admitted_faster_than_requests_finish_adds_to_the_forecast_level() -> None:
     quiet = history(300, lambda t: 0.5, lambda t: 30.0)
-    queued = [Point(p.t, p.usage, p.running, 20.0, p.finished, p.generated, p.epoch) for p in quiet]
-    # 20 waiting prompts of 1,500 tokens are 30,000 tokens the cache will hold soon.
-    gap = assess(inputs(queued)).level_tokens - assess(inputs(quiet)).level_tokens
-    assert math.isclose(gap, 20 * 1500)
+    # Admitting twice as fast as requests finish: 30 resident become 60 — 30 more of the
+    # 40 waiting, each holding its 1,500-token prompt and half its 150-token answer.
+    gap = assess(inputs(queued(quiet, 40, 2.0))).level_tokens - assess(inputs(quiet)).level_tokens
+    assert math.isclose(gap, 30 * (1500 + 75))
+
+
+def test_a_queue_admitted_as_fast_as_requests_finish_is_not_kv_pressure() -> None:
+    # Prefill-bound: the queue drains one admission per finish, so the cache level holds.
+    quiet = history(300, lambda t: 0.5, lambda t: 30.0)
+    gap = assess(inputs(queued(quiet, 40, 1.0))).level_tokens - assess(inputs(quiet)).level_tokens
+    assert gap == 0
+
+
+def test_a_queue_behind_a_full_batch_is_not_kv_pressure() -> None:
+    full = history(300, lambda t: 0.5, lambda t: 30.0)
+    gap = (
+        assess(inputs(queued(full, 40, 3.0), max_num_seqs=30)).level_tokens
+        - assess(inputs(full, max_num_seqs=30)).level_tokens
+    )
+    assert gap == 0
+
+
+def test_with_nothing_finished_yet_the_whole_queue_counts() -> None:
+    quiet = history(300, lambda t: 0.5, lambda t: 30.0, finish_rate=0.0)
+    gap = assess(inputs(queued(quiet, 20, 1.0))).level_tokens - assess(inputs(quiet)).level_tokens
+    assert math.isclose(gap, 20 * (1500 + 75))
+
+
+def test_a_burst_on_the_first_poll_is_a_risk_at_once() -> None:
+    # A server the sidecar has seen once: 40 requests running (60 % full), 40 more
+    # waiting, nothing finished yet. The waiting ones will not fit: an opinion now, not 0.
+    first = [Point(0.0, 0.6, 40.0, 40.0, 0.0, 0.0, 0, prompt=0.0)]
+    risk = assess(inputs(first, max_num_seqs=256))
+    assert risk.preemption_risk > ALERT_THRESHOLD
+    assert risk.history_seconds == 0
+
+
+def test_a_quiet_first_poll_is_no_risk() -> None:
+    first = [Point(0.0, 0.1, 5.0, 0.0, 0.0, 0.0, 0, prompt=0.0)]
+    assert assess(inputs(first)).preemption_risk < 0.05
+
+
+def test_a_running_batch_with_nothing_finished_is_expected_to_grow_as_much_again() -> None:
+    # 20 sequences have generated 4,000 tokens between them since the sidecar started
+    # and none finished: the age prior expects 200 more each.
+    points = [Point(t, 0.5, 20.0, 0.0, 0.0, 4000.0 * t / 10, 0) for t in (0.0, 2.0, 10.0)]
+    risk = assess(dataclasses.replace(inputs(points), generation=None, recent_generation=None))
+    assert math.isclose(risk.committed_tokens, 4000.0)

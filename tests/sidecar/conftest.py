@@ -35,6 +35,8 @@ class FakeVllm:
     max_model_len: int | None = 2048
     version: str = "0.32.0"
     model: str = "tinyllama"
+    root: str | None = None  # what vLLM loaded, when --served-model-name renames it
+    models_status: int = 200  # /v1/models's HTTP status
     requests: list[str] = field(default_factory=list)
     server: TestServer | None = None
 
@@ -54,7 +56,10 @@ class FakeVllm:
             return web.Response(text=body, content_type="text/plain")
 
         async def models(request: web.Request) -> web.Response:
-            card = {"id": self.model, "root": self.model, "max_model_len": self.max_model_len}
+            if self.models_status != 200:
+                return web.json_response({}, status=self.models_status)
+            root = self.root or self.model
+            card = {"id": self.model, "root": root, "max_model_len": self.max_model_len}
             return web.json_response({"object": "list", "data": [card]})
 
         async def version(request: web.Request) -> web.Response:

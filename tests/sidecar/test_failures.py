@@ -70,20 +70,54 @@ async def test_truncated_page_is_down_and_recovers(fake_vllm: FakeVllm, make_rig
     assert vllm_up(rig.text) == 1
 
 
-async def test_empty_cache_config_info_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:
+def without_cache_config(page: str, replacement: str = "") -> str:
+    return "".join(
+        replacement if line.startswith("vllm:cache_config_info") else line
+        for line in page.splitlines(keepends=True)
+    )
+
+
+async def test_empty_cache_config_info_keeps_vllm_up_and_names_it_missing(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
     rig = await make_rig(fake_vllm.url)
-    lines = fake_vllm.page.splitlines(keepends=True)
-    fake_vllm.page = "".join(
-        'vllm:cache_config_info{engine="0"} 1.0\n'
-        if line.startswith("vllm:cache_config_info")
-        else line
-        for line in lines
+    fake_vllm.page = without_cache_config(
+        fake_vllm.page, 'vllm:cache_config_info{engine="0"} 1.0\n'
     )
     await rig.poll()
     state = rig.poller.snapshot.source("vllm")
     assert state is not None
-    assert state.error_kind == "incomplete"
-    assert "cache_config_info" in (state.error or "")
+    assert state.up
+    assert state.missing == ("cache_config_info",)
+
+
+async def test_a_page_without_cache_config_info_is_used_for_what_it_has(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    fake_vllm.page = without_cache_config(fake_vllm.page)
+    await rig.poll()
+    assert vllm_up(rig.text) == 1
+    assert value(rig.text, "kv_headroom_kv_usage_ratio") is not None
+    assert value(rig.text, "kv_headroom_kv_capacity_blocks", source="observed") is None
+    missing = families_by_name(rig.text)["kv_headroom_source_missing_info"]
+    assert missing == [({"source": "vllm", "what": "cache_config_info"}, 1.0)]
+
+
+async def test_a_missing_cache_config_info_is_logged_once_and_its_return_once(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    full = fake_vllm.page
+    fake_vllm.page = without_cache_config(full)
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll(3)
+        fake_vllm.page = full
+        await rig.poll(2)
+    events = [e["event"] for e in logs]
+    assert events.count("vllm_page_missing") == 1
+    assert events.count("vllm_page_complete") == 1
+    assert "kv_headroom_source_missing_info" not in families_by_name(rig.text)
 
 
 async def test_http_error_is_down(fake_vllm: FakeVllm, make_rig: MakeRig) -> None:

@@ -20,7 +20,8 @@ from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig, fixture_page, g
 from tests.sources.test_vllm_page import PAGES
 
 VOLATILE = re.compile(
-    r"^kv_headroom_(poll_duration_seconds|build_info|source_last_success_timestamp_seconds)\b"
+    r"^kv_headroom_(poll_duration_seconds|build_info|source_last_success_timestamp_seconds"
+    r"|source_poll_duration_seconds)\b"
 )
 
 

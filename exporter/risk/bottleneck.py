@@ -1,0 +1,112 @@
+"""Why requests wait: the one resource that keeps vLLM from admitting the next request. Pure.
+
+vLLM's scheduler (``vllm/v1/core/sched/scheduler.py``) admits a waiting request only when
+the running batch is below ``max_num_seqs``, the step's token budget
+(``max_num_batched_tokens``) has room after the running requests' tokens, and the free
+blocks hold its prompt. A queue therefore forms for one of four reasons, and each has a
+different cure — so each is told from what ``/metrics`` shows, strongest evidence first:
+
+* ``stalled`` — requests wait, yet for ``STALL_SECONDS`` no prompt was prefilled and the
+  cache did not grow, while either nothing was generated or a request would fit (the
+  batch below ``max_num_seqs``, a prompt's worth of tokens free): the scheduler stopped
+  admitting (the hang vLLM users report while ``/health`` answers 200). Cure: restart.
+* ``kv_cache`` — vLLM preempted in the last ``WINDOW_SECONDS``: the cache is full. Cure:
+  more KV (fp8 KV, memory, TP).
+* ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
+  first). Cure: raise it (if the cache holds that many sequences) or scale out.
+* ``kv_cache`` — the free tokens do not hold a typical prompt.
+* ``compute`` — none of the above: the cache has room and the batch has slots, so the
+  step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
+* ``none`` — nobody waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.risk.model import Point
+
+RESOURCES = ("kv_cache", "max_num_seqs", "compute", "stalled", "none")
+WINDOW_SECONDS = 30.0  # preemptions this recent mean the cache binds now
+STALL_SECONDS = 30.0  # no progress with a queue for this long is a stall
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    resource: str  # one of RESOURCES
+    evidence: str  # the numbers that decided it, for the status page and the alert
+
+
+NONE = Bottleneck("none", "no request is waiting")
+
+
+def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int | None) -> bool:
+    """A queue all through the last STALL_SECONDS and no progress in them."""
+    last = pts[-1]
+    window = [p for p in pts if p.t >= last.t - STALL_SECONDS]
+    first = window[0]
+    if last.t - first.t < STALL_SECONDS * 0.9 or any(p.waiting < 1 for p in window):
+        return False
+    if first.prompt is None or last.prompt is None or last.prompt > first.prompt:
+        return False  # a prompt was prefilled: admission works
+    if max(p.usage for p in window) > first.usage + 1e-9:
+        return False  # blocks were taken: a long prompt is being prefilled in chunks
+    generating = last.generated > first.generated
+    room = (max_num_seqs is None or last.running < max_num_seqs) and free >= prompt
+    return not generating or room
+
+
+def classify(
+    points: Sequence[Point],
+    capacity_tokens: float,
+    max_num_seqs: int | None,
+    prompt_tokens: float | None,
+) -> Bottleneck:
+    """What keeps the queue waiting now (``points`` oldest first, one epoch).
+
+    ``prompt_tokens`` is a typical prompt (the recent mean); without one, what a running
+    sequence holds stands in for it.
+    """
+    if not points:
+        return NONE
+    last = points[-1]
+    if last.waiting < 1:
+        return NONE
+    waiting = f"{last.waiting:,.0f} waiting"
+    used = last.usage * capacity_tokens
+    free = max(0.0, capacity_tokens - used)
+    prompt = prompt_tokens or (used / last.running if last.running >= 1 else 0.0)
+    if _stalled(points, free, prompt, max_num_seqs):
+        return Bottleneck(
+            "stalled",
+            f"{waiting}, and for {STALL_SECONDS:.0f} s no prompt was admitted and the cache did "
+            f"not grow ({last.usage:.0%} used, {last.running:,.0f} running)",
+        )
+    recent = [p for p in points if p.t >= last.t - WINDOW_SECONDS]
+    first = recent[0]
+    if first.preemptions is not None and last.preemptions is not None:
+        preempted = last.preemptions - first.preemptions
+        if preempted > 0:
+            return Bottleneck(
+                "kv_cache",
+                f"{waiting}; vLLM preempted {preempted:,.0f} times in the last "
+                f"{last.t - first.t:.0f} s ({last.usage:.0%} of the cache used)",
+            )
+    if max_num_seqs is not None and last.running >= max_num_seqs:
+        return Bottleneck(
+            "max_num_seqs",
+            f"{waiting}; {last.running:,.0f} running = max_num_seqs {max_num_seqs:,} "
+            f"with {last.usage:.0%} of the cache used",
+        )
+    if prompt > 0 and free < prompt:
+        return Bottleneck(
+            "kv_cache",
+            f"{waiting}; {free:,.0f} KV tokens free, a typical prompt needs {prompt:,.0f}",
+        )
+    seqs = f" of max_num_seqs {max_num_seqs:,}" if max_num_seqs is not None else ""
+    return Bottleneck(
+        "compute",
+        f"{waiting} with {free:,.0f} KV tokens free and {last.running:,.0f} running{seqs}: "
+        "the step's token budget (prefill) admits them",
+    )

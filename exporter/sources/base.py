@@ -1,0 +1,183 @@
+"""What every source shares: the ``Source`` shape, the readings sources write, per-source
+health, and daemon threads for blocking reads.
+
+A source is an object with a ``name`` (its ``source`` label), a ``stage`` and an async
+``poll(now, readings)`` that writes what it read into ``readings`` and returns ``None``
+(answered) or ``(kind, message)`` (down). The poller runs the sources of a stage
+concurrently, times each, and keeps its ``SourceHealth``; adding a source is one file with
+such a class and one line in ``Poller._make_sources``.
+
+Blocking work runs in daemon threads, one at a time per job: a call that hangs (a GPU that
+fell off the bus, a stale NFS mount) is waited on by later polls instead of being started
+again, and cannot keep the process from exiting on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from exporter.deployment import Resolved
+
+if TYPE_CHECKING:
+    from exporter.sources.cmdline import Flags, VllmProcess
+    from exporter.sources.model_dir import LoadedModel
+    from exporter.sources.nvml import NvmlSample
+    from exporter.sources.vllm import ModelCard
+    from exporter.sources.vllm_page import VllmPage
+
+T = TypeVar("T")
+
+# None: the source answered. (kind, message): it did not; kind is stable, message one line.
+Outcome = tuple[str, str] | None
+
+
+class Stage(enum.Enum):
+    FIRST = 1  # polled concurrently at the start of a poll
+    AFTER_DEPLOYMENT = 2  # needs the flags resolved from what the first stage read
+
+
+@dataclass
+class Readings:
+    """The latest of what each source read: sources write it, ``snapshot.build`` reads it."""
+
+    page: VllmPage | None = None  # this poll's page; None when vLLM did not answer
+    card: ModelCard | None = None  # /v1/models, refreshed every minute and on a restart
+    version: str | None = None
+    process: VllmProcess | None = None  # the vLLM process, when its /proc entry is visible
+    flags: Flags | None = None
+    nvml: NvmlSample | None = None
+    model: LoadedModel | None = None
+    deployment: Resolved = field(default_factory=Resolved)  # set between the two stages
+
+
+class Source(Protocol):
+    name: str  # the ``source`` label; a helper that exports no health says so below
+    stage: Stage
+    reports_health: bool
+
+    async def poll(self, now: float, readings: Readings) -> Outcome: ...
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        """vLLM restarted: what this source holds about the old process may be stale."""
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """One source's health as a snapshot carries it."""
+
+    name: str
+    up: bool
+    last_success: float | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    errors_total: int = 0
+    poll_duration_seconds: float | None = None  # how long its last poll took
+    missing: tuple[str, ...] = ()  # what an answering source lacked (e.g. cache_config_info)
+
+
+@dataclass
+class SourceHealth:
+    """One source's health across polls; ``mark`` returns the log event a change deserves."""
+
+    name: str
+    up: bool = False
+    seen: bool = False  # has ever been tried, so the first failure is logged too
+    last_success: float | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    errors_total: int = 0
+    down_since: float | None = None
+    duration: float | None = None
+    missing: tuple[str, ...] = ()
+
+    def mark(self, now: float, outcome: Outcome) -> tuple[str, dict[str, Any]] | None:
+        """Record a poll's outcome; an event (name, fields) only when the state changes."""
+        event: tuple[str, dict[str, Any]] | None = None
+        if outcome is None:
+            if not self.up:
+                down = round(now - self.down_since, 1) if self.down_since else None
+                event = ("source_up", {"source": self.name, "down_seconds": down})
+            self.up, self.last_success, self.error_kind, self.error = True, now, None, None
+            self.down_since = None
+        else:
+            kind, message = outcome
+            if kind != "not_configured":  # a choice, not a failure: count real errors only
+                self.errors_total += 1
+            if self.up or not self.seen or self.error_kind != kind:
+                event = ("source_down", {"source": self.name, "kind": kind, "error": message})
+            if self.up or self.down_since is None:
+                self.down_since = now
+            self.up, self.error_kind, self.error = False, kind, message
+        self.seen = True
+        return event
+
+    def state(self) -> SourceState:
+        return SourceState(
+            self.name,
+            self.up,
+            self.last_success,
+            self.error_kind,
+            self.error,
+            self.errors_total,
+            self.duration,
+            self.missing if self.up else (),
+        )
+
+
+def in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """``fn()`` in a daemon thread, as a future of this loop.
+
+    ``asyncio.to_thread`` uses the loop's executor, whose threads the interpreter joins at
+    exit: one NVML call that never returns would then hang the shutdown after SIGTERM.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled meanwhile
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = fn()
+        except BaseException as e:  # handed to the awaiting coroutine, not lost in the thread
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop closed while this ran
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+class Jobs:
+    """Blocking calls in daemon threads, one at a time per job name."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Future[Any]] = {}
+
+    async def run(self, job: str, fn: Callable[[], T], within: float) -> T:
+        """``fn()`` in a daemon thread, waited on for at most ``within`` s (TimeoutError).
+
+        While an earlier call of the same job still runs, it is waited on again rather
+        than a second one started beside it (NVML handles are not thread-safe, and a hung
+        file system would otherwise collect a thread per poll). Finished jobs are
+        forgotten, so job names that change (a model path per load) do not pile up.
+        """
+        for name in [n for n, f in self._running.items() if f.done() and n != job]:
+            del self._running[name]
+        future = self._running.get(job)
+        if future is None or future.done():
+            future = self._running[job] = in_daemon_thread(fn, f"kv-headroom-{job}")
+        result: T = await asyncio.wait_for(asyncio.shield(future), timeout=within)
+        return result

@@ -1,0 +1,94 @@
+"""Why requests wait, told from what /metrics shows: one resource per cause."""
+
+from __future__ import annotations
+
+from exporter.risk.bottleneck import STALL_SECONDS, classify
+from exporter.risk.model import Point
+
+CAPACITY = 100_000.0
+
+
+def polls(
+    seconds: float,
+    *,
+    usage: float,
+    running: float,
+    waiting: float,
+    prompt_rate: float = 3000.0,
+    generation_rate: float = 500.0,
+    preemptions: float = 0.0,
+) -> list[Point]:
+    """A poll every 2 s of a steady state with these figures and counter rates."""
+    return [
+        Point(
+            t, usage, running, waiting, t / 2, generation_rate * t, 0,
+            prompt=prompt_rate * t, preemptions=preemptions * t / seconds,
+        )
+        for t in (2.0 * i for i in range(int(seconds / 2) + 1))
+    ]  # fmt: skip
+
+
+def test_nobody_waiting_is_no_bottleneck() -> None:
+    assert classify(polls(60, usage=0.9, running=40, waiting=0), CAPACITY, 64, 1500).resource == (
+        "none"
+    )
+
+
+def test_a_queue_while_the_cache_has_room_and_the_batch_has_slots_is_compute() -> None:
+    # The prefill-bound burst: 58 waiting, 13 % of the cache used, 6 of 64 running.
+    b = classify(polls(60, usage=0.13, running=6, waiting=58), CAPACITY, 64, 1500)
+    assert b.resource == "compute"
+    assert "58 waiting" in b.evidence
+
+
+def test_a_queue_behind_a_full_batch_is_max_num_seqs() -> None:
+    b = classify(polls(60, usage=0.8, running=64, waiting=10), CAPACITY, 64, 1500)
+    assert b.resource == "max_num_seqs"
+
+
+def test_a_queue_whose_prompt_does_not_fit_is_kv_cache() -> None:
+    # 1,000 tokens free, a typical prompt needs 1,500.
+    b = classify(polls(60, usage=0.99, running=40, waiting=10), CAPACITY, 256, 1500)
+    assert b.resource == "kv_cache"
+
+
+def test_recent_preemptions_make_it_kv_cache_even_with_room_now() -> None:
+    b = classify(polls(60, usage=0.6, running=40, waiting=3, preemptions=5), CAPACITY, 256, 1500)
+    assert b.resource == "kv_cache"
+
+
+def test_a_full_batch_binds_before_a_full_cache_as_vllm_checks_it_first() -> None:
+    b = classify(polls(60, usage=0.995, running=64, waiting=10), CAPACITY, 64, 1500)
+    assert b.resource == "max_num_seqs"
+
+
+def test_a_queue_with_no_progress_and_a_free_cache_is_stalled() -> None:
+    frozen = polls(60, usage=0.05, running=0, waiting=12, prompt_rate=0, generation_rate=0)
+    b = classify(frozen, CAPACITY, 256, 1500)
+    assert b.resource == "stalled"
+
+
+def test_admission_stopped_while_running_requests_still_generate_is_stalled() -> None:
+    stuck = polls(60, usage=0.3, running=4, waiting=12, prompt_rate=0)
+    assert classify(stuck, CAPACITY, 256, 1500).resource == "stalled"
+
+
+def test_a_stall_needs_the_whole_window_of_evidence() -> None:
+    short = polls(STALL_SECONDS - 10, usage=0.05, running=0, waiting=12, prompt_rate=0,
+                  generation_rate=0)  # fmt: skip
+    assert classify(short, CAPACITY, 256, 1500).resource != "stalled"
+
+
+def test_a_long_prompt_prefilled_in_chunks_is_not_a_stall() -> None:
+    # No prompt finished prefill for 60 s, but the cache grows chunk by chunk.
+    chunked = [
+        Point(t, 0.1 + t / 1000, 1, 5, 0, 0, 0, prompt=0.0, preemptions=0.0)
+        for t in range(0, 62, 2)
+    ]
+    assert classify(chunked, CAPACITY, 256, 1500).resource == "compute"
+
+
+def test_without_a_typical_prompt_a_running_sequence_stands_in() -> None:
+    # 99 % of 100,000 used by 40 running: 2,475 tokens each; 1,000 free do not hold one.
+    b = classify(polls(60, usage=0.99, running=40, waiting=2), CAPACITY, 256, None)
+    assert b.resource == "kv_cache"

@@ -1,0 +1,116 @@
+"""The poll loop as a scheduler: each source guarded and timed on its own, the caller's
+dependencies left as given, and a new source added by one class and one registration."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+
+from exporter.config import Config
+from exporter.metrics import families_by_name
+from exporter.poller import Poller, PollerDeps
+from exporter.sources.base import Outcome, Readings, Source, Stage
+from exporter.sources.vllm import ModelCard, VllmClient
+from exporter.sources.vllm_page import VllmPage
+from tests.sidecar.conftest import FakeVllm, MakeRig
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    return {labels["source"]: v for labels, v in families_by_name(text).get(name, [])}
+
+
+class BrokenClient(VllmClient):
+    """The real HTTP client with a bug in it: reading the page raises what no source
+    error is."""
+
+    async def metrics(self) -> VllmPage:
+        raise KeyError("a bug, not a vLLM answer")
+
+
+async def test_a_source_that_raises_is_that_source_down_not_a_failed_poll(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    rig.poller._sources[0]._client.__class__ = BrokenClient  # type: ignore[attr-defined]
+    await rig.poll()  # must not raise: the loop, /healthz and the other sources go on
+    state = rig.poller.snapshot.source("vllm")
+    assert state is not None
+    assert (state.up, state.error_kind) == (False, "internal")
+    assert "KeyError" in (state.error or "")
+    assert rig.poller.alive()
+    assert samples(rig.text, "kv_headroom_source_up")["model"] == 1
+
+
+async def test_each_source_reports_how_long_its_poll_took(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    fake_vllm.mode, fake_vllm.delay = "delay", 0.2
+    await rig.poll()
+    durations = samples(rig.text, "kv_headroom_source_poll_duration_seconds")
+    assert set(durations) == {"vllm", "model"}
+    assert durations["vllm"] >= 0.2 > durations["model"]
+
+
+async def test_a_bug_while_reading_the_card_after_a_restart_is_not_swallowed(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll()
+    broken = False
+
+    class CardBug(VllmClient):
+        async def models(self) -> ModelCard:
+            if broken:
+                raise TypeError("a bug while reading /v1/models")
+            return await super().models()
+
+    rig.poller._sources[0]._client.__class__ = CardBug  # type: ignore[attr-defined]
+    broken = True
+    fake_vllm.page = fake_vllm.page.replace(
+        "process_start_time_seconds 1.", "process_start_time_seconds 2."
+    )
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll()
+    failed = [e for e in logs if e["event"] == "poll_failed"]
+    assert failed
+    assert "TypeError" in failed[0]["error"]
+
+
+def test_the_poller_leaves_the_callers_deps_as_given() -> None:
+    deps = PollerDeps()
+    config = Config(nvml_enabled=True)
+    Poller(config, None, deps)  # type: ignore[arg-type]
+    assert deps.nvml is None
+
+
+class Heartbeat:
+    """A source as a newcomer would add one: a class, and a line in ``_make_sources``."""
+
+    name = "heartbeat"
+    stage = Stage.FIRST
+    reports_health = True
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        return None if now % 4 == 0 else ("late", "the heartbeat skipped a beat")
+
+    async def on_restart(self, now: float, readings: Readings) -> None:
+        return None
+
+
+class PollerWithHeartbeat(Poller):
+    def _make_sources(self) -> list[Source]:
+        return [*super()._make_sources(), Heartbeat()]
+
+
+@pytest.mark.parametrize(("start", "up"), [(0.0, 1.0), (2.0, 0.0)])
+async def test_a_registered_source_is_polled_and_exported(
+    fake_vllm: FakeVllm, make_rig: MakeRig, start: float, up: float
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    poller = PollerWithHeartbeat(rig.poller.config, rig.poller._client, rig.poller._deps)
+    rig.clock.now = 1_800_000_000.0 + start
+    await poller.poll_once()
+    text = poller.rendered.decode()
+    assert samples(text, "kv_headroom_source_up")["heartbeat"] == up
+    assert "heartbeat" in samples(text, "kv_headroom_source_poll_duration_seconds")
