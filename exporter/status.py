@@ -18,7 +18,7 @@ from html import escape
 
 from exporter import __version__
 from exporter.config import Config
-from exporter.snapshot import EngineView, GpuView, Snapshot
+from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
 from exporter.trail import Trail, TrailPoint
 
@@ -414,6 +414,14 @@ def _engine(v: EngineView) -> str:
     return f"<h2>{_e(title)}</h2><table>{_rows(rows)}</table>"
 
 
+def _source_row(s: SourceState) -> tuple[str, str, str]:
+    if not s.up:
+        return s.name, "down", s.error or ""
+    if s.missing:
+        return s.name, "up, partial", f"missing: {', '.join(s.missing)}"
+    return s.name, "up", ""
+
+
 def _gpu_row(g: GpuView) -> tuple[str, str, str]:
     return (
         f"GPU {g.index} {g.name}",
@@ -434,7 +442,12 @@ pre.text-chart{display:none}"""
 
 
 def status_page(snap: Snapshot, config: Config, trail: Trail | None = None) -> str:
-    sources = _rows([(s.name, "up" if s.up else "down", s.error or "") for s in snap.sources])
+    sources = _rows([_source_row(s) for s in snap.sources])
+    lacking = [
+        f"{s.name} answers without {', '.join(s.missing)}: what needs it is not shown"
+        for s in snap.sources
+        if s.up and s.missing
+    ]
     flags = _rows(
         [
             (k, str(v), snap.deployment.origin.get(k, ""))
@@ -443,7 +456,7 @@ def status_page(snap: Snapshot, config: Config, trail: Trail | None = None) -> s
     )
     gpus = _rows([_gpu_row(g) for g in snap.gpus])
     engines = "".join(_engine(v) for v in snap.engines)
-    notes = "".join(f"<p class=note>{_e(n)}</p>" for n in snap.notes)
+    notes = "".join(f"<p class=note>{_e(n)}</p>" for n in (*snap.notes, *lacking))
     if snap.engines:
         headline = _headline(snap.engines[0], snap, trail)
     else:

@@ -160,6 +160,19 @@ async def test_the_bottleneck_and_its_evidence_are_shown(
     assert "<th>limited by</th><td>kv_cache</td><td>3 waiting, 0 free blocks</td>" in html
 
 
+async def test_a_source_that_answers_without_a_part_is_up_and_names_the_part(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(4)
+    sources = tuple(
+        replace(s, missing=("cache_config_info",)) if s.name == "vllm" else s for s in snap.sources
+    )
+    html = status_page(replace(snap, sources=sources), stack.config, Trail())
+    assert "<tr><th>vllm</th><td>up, partial</td><td>missing: cache_config_info</td></tr>" in html
+    assert "vllm answers without cache_config_info" in html
+
+
 def test_the_page_says_it_is_waiting_before_vllm_has_answered() -> None:
     html = status_page(_empty_snapshot(), Config(), Trail())
     assert "waiting for vLLM to answer /metrics" in html
