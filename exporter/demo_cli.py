@@ -165,6 +165,7 @@ async def demo(
     runner = web.AppRunner(app, access_log=None, **HANDLER_LIMITS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
+    moved = ""
     try:
         await site.start()
     except OSError as e:
@@ -180,12 +181,11 @@ async def demo(
             await runner.cleanup()
             await sim_runner.cleanup()
             return 1
-        print(
-            f"kv-headroom demo: {host}:{port} is taken ({e.strerror}); "
-            f"listening on port {_port(site)} instead",
-            file=sys.stderr,
-        )
+        moved = f"{host}:{port} is taken ({e.strerror}); listening on port {_port(site)} instead"
+        print(f"kv-headroom demo: {moved}", file=sys.stderr)
     header = banner(scenario_name, sim, vllm_url, f"http://{host}:{_port(site)}", speed)
+    if moved:  # the live screen's first redraw wipes what stderr said
+        header.append(f"  note             {moved}")
     print("\n".join(header), file=out, flush=True)
 
     stop = asyncio.Event()

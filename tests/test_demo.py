@@ -88,6 +88,7 @@ def test_demo_falls_back_to_a_free_port_when_its_own_is_taken_and_says_which() -
     )
     assert moved
     assert f"sidecar metrics  http://127.0.0.1:{moved.group(1)}/metrics" in proc.stdout
+    assert f"note             127.0.0.1:{port} is taken" in proc.stdout
 
 
 def test_demo_banner_suggests_a_faster_speed() -> None:
