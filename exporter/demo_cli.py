@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import io
+import json
 import math
 import os
 import signal
@@ -360,10 +361,12 @@ def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     usage = (v.kv_usage or 0.0) * 100
     risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
     exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
-    limit = bottleneck(v)[0] or "–"
+    what, why = bottleneck(v)
+    # The evidence is prose: quoted and last, so the line still splits on spaces before it.
+    because = f" why={json.dumps(why, ensure_ascii=False)}" if why else ""
     return (
         f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
-        f"limit={limit} usage={usage:.1f}% running={_fmt(v.running)} "
+        f"limit={what or '–'} usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "
-        f"preemptions={v.preemptions_total:.0f}"
+        f"preemptions={v.preemptions_total:.0f}{because}"
     )

@@ -43,6 +43,7 @@ def test_demo_plain_lines_lead_with_the_risk_and_what_limits_the_engine() -> Non
     lines = [line for line in proc.stdout.splitlines() if "usage=" in line]
     assert lines
     assert all(re.match(r"t=\d+s sim=\d+s risk=\S+ exhaustion=\S+ limit=\S+ ", x) for x in lines)
+    assert any(re.search(r' why="[^"]+"$', x) for x in lines)  # the bottleneck's evidence
 
 
 def test_demo_logs_nothing_below_warning_by_default() -> None:
