@@ -5,13 +5,18 @@ For every real start-up in tests/fixtures/sizing/vllm_startup_points.csv, predic
 (weights estimated from the config's parameter count; nothing vLLM printed is used) and
 compare with what vLLM printed (its first worker's figure, which is what it prints).
 
-Three predictors run side by side, so the ratios are measured in the same run:
+Four predictors run side by side, so the ratios are measured in the same run:
 
 * ``shipped``  — the overhead model with the coefficients the package ships;
 * ``held-out`` — the same model refitted without the predicted row's model (leave one
-  model out), from the profiling figures the *other* models' logs print: the honest
-  out-of-sample error;
+  model out), from the profiling figures the *other* models' logs print;
+* ``lofo``     — refitted without the row's whole architecture family (config model_type,
+  MoE and VL variants folded in: llama, qwen2, qwen3, gpt_oss, ...): how the model does
+  on a family it has never seen, the honest out-of-sample error;
 * ``naive``    — the budget many calculators use: ceiling − weights, no overheads.
+
+It also reports exactness: of the rows whose printed worker is the tightest one, the share
+whose blocks ``plan`` reproduces within 0.01 % given the printed figure.
 
     python benchmarks/plan_accuracy.py [--output json]
 """
@@ -132,11 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     points = load_points()
     shipped = OverheadModel()
     refit_all = fit(points, shipped)
-    errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "naive": []}
+    errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "lofo": [], "naive": []}
     rows = []
     for pt in points:
         others = [q for q in points if q.model != pt.model]
-        models = {"shipped": shipped, "held-out": fit(others, shipped), "naive": None}
+        unseen = [q for q in points if q.family != pt.family]
+        models = {
+            "shipped": shipped,
+            "held-out": fit(others, shipped),
+            "lofo": fit(unseen, shipped),
+            "naive": None,
+        }
         row = {"row": pt.row, "label": pt.label, "printed_gib": pt.printed_kv_bytes / GIB}
         for name, model in models.items():
             predicted = predicted_first_stage(pt, model)
@@ -146,18 +157,36 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{name}_err_pct"] = err
         rows.append(row)
     summary = {name: summarise(errs) for name, errs in errors.items()}
+    exact = [pt for pt in points if pt.exact and pt.blocks]
+    reproduced = sum(
+        1
+        for pt in exact
+        if pt.blocks
+        and abs(
+            plan(replace(pt.request, available_kv_bytes=pt.printed_kv_bytes)).cap.num_blocks
+            - pt.blocks
+        )
+        <= 0.0001 * pt.blocks
+    )
+    exactness = {"rows": len(exact), "within_0.01pct": reproduced}
+    families = sorted({pt.family for pt in points})
     if args.output == "json":
-        print(json.dumps({"summary": summary, "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {"summary": summary, "exactness": exactness, "families": families, "rows": rows},
+                indent=2,
+            )
+        )
         return 0
-    print(f"plan accuracy: {len(points)} real vLLM starts (H100, vLLM 0.15-0.19), KV memory")
-    print("predicted from GPU, flags, release and config only, vs vLLM's printed figure\n")
+    print(f"plan accuracy: {len(points)} real vLLM starts, families {', '.join(families)}")
+    print("KV memory predicted from GPU, flags, release and config only, vs vLLM's figure\n")
     head = f"{'row':>4} {'deployment':<64} {'printed':>8}"
-    print(f"{head} {'shipped':>9} {'held-out':>9} {'naive':>9}")
+    print(f"{head} {'shipped':>9} {'held-out':>9} {'lofo':>9} {'naive':>9}")
     for r in rows:
         print(
             f"{r['row']:>4} {r['label']:<64} {r['printed_gib']:>7.2f}G "
             f"{r['shipped_err_pct']:>+8.2f}% {r['held-out_err_pct']:>+8.2f}% "
-            f"{r['naive_err_pct']:>+8.2f}%"
+            f"{r['lofo_err_pct']:>+8.2f}% {r['naive_err_pct']:>+8.2f}%"
         )
     print()
     for name, s in summary.items():
@@ -165,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<9} median |error| {s['median_abs_error_pct']:6.2f} %   "
             f"p90 {s['p90_abs_error_pct']:6.2f} %   max {s['max_abs_error_pct']:6.2f} %"
         )
+    print(
+        f"exactness given the printed figure: {reproduced}/{len(exact)} rows' blocks within 0.01 %"
+    )
     naive, held = summary["naive"], summary["held-out"]
     median_ratio = naive["median_abs_error_pct"] / max(held["median_abs_error_pct"], 1e-9)
     p90_ratio = naive["p90_abs_error_pct"] / max(held["p90_abs_error_pct"], 1e-9)

@@ -33,11 +33,13 @@ class StartupPoint:
     kv_cache_dtype: str
     quantization: str
     printed_kv_bytes: int  # "Available KV cache memory: X GiB", as a byte count
-    tokens: int
-    blocks: int
-    concurrency: float
+    tokens: int | None  # None when vLLM refused to start before printing it
+    blocks: int | None
+    concurrency: float | None
     dtype: str
     request: PlanRequest  # the deployment, with no printed figure in it
+    exact: bool = True  # the printed worker is the tightest one, so its figures follow
+    family: str = ""  # the model's architecture family (config model_type)
 
     @property
     def label(self) -> str:
@@ -50,6 +52,18 @@ class StartupPoint:
 
 def _config_dir(model: str) -> Path:
     return CONFIGS / model.replace("/", "__")
+
+
+def _int(text: str) -> int | None:
+    return int(text) if text else None
+
+
+def family_of(model_type: str) -> str:
+    """``qwen3_moe`` and ``qwen3_vl_moe_text`` → ``qwen3``: leave-one-family-out groups."""
+    base = model_type.removesuffix("_text")
+    for suffix in ("_moe", "_vl", "_5_vl"):
+        base = base.removesuffix(suffix)
+    return base
 
 
 def load_points(path: Path = POINTS) -> list[StartupPoint]:
@@ -74,8 +88,10 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 kv_cache_dtype=row["kv_cache_dtype"] or "auto",
                 block_size=int(row["block_size"]) if row["block_size"] else None,
                 max_model_len=int(row["max_model_len"]),
+                max_num_batched_tokens=_int(row.get("max_num_batched_tokens") or ""),
                 quantization=row["quantization"] or None,
             )
+            concurrency = row["reported_max_concurrency"]
             points.append(
                 StartupPoint(
                     row=i,
@@ -87,11 +103,13 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                     kv_cache_dtype=row["kv_cache_dtype"],
                     quantization=row["quantization"],
                     printed_kv_bytes=round(float(row["reported_kv_cache_gib"]) * GIB),
-                    tokens=int(row["reported_kv_tokens"]),
-                    blocks=int(row["reported_gpu_blocks"]),
-                    concurrency=float(row["reported_max_concurrency"]),
+                    tokens=_int(row["reported_kv_tokens"]),
+                    blocks=_int(row["reported_gpu_blocks"]),
+                    concurrency=float(concurrency) if concurrency else None,
                     dtype=dtype,
                     request=request,
+                    exact=row.get("exact", "yes") != "no",
+                    family=family_of(arch.model_type),
                 )
             )
     return points

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from exporter.capacity.arch import parse_config
+from exporter.capacity.catalogue import describe
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
@@ -282,7 +283,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
 def run(args: argparse.Namespace) -> int:
     if args.list_models:
         for model in load_catalogue():
-            print(model.name)
+            print(f"{model.name:<48} {describe(model)}")
         return EXIT_OK
     if args.list_gpus:
         for gpu in GPU_CATALOGUE:
@@ -368,7 +369,8 @@ def _gib(n: float) -> str:
 def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
     req, t, arch, src = p.request, p.tightest, p.request.arch, p.sources
     tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
-    kv_name = {1: "fp8", 2: "16-bit", 4: "fp32"}[p.kv_dtype_bytes]
+    kv_names: dict[float, str] = {1: "fp8", 2: "16-bit", 4: "fp32"}
+    kv_name = kv_names.get(p.kv_dtype_bytes, req.kv_cache_dtype)
     lines = [
         f"{req.model_name} on {req.gpu.name} · vLLM {req.release.label} · "
         f"{arch.attention_kind.value}, {arch.num_layers} layers, TP{tp} PP{pp}, "
@@ -396,7 +398,7 @@ def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
             "÷ KV bytes per token",
             f"{p.kv_bytes_per_token:,} B",
             f"config: {arch.num_layers} layers, {'/'.join(map(str, sorted(heads)))} KV heads "
-            f"÷ TP{tp}, {p.kv_dtype_bytes} B each",
+            f"÷ TP{tp}, {p.kv_dtype_bytes:g} B each",
         )
     )
     per_block = p.layout.stage_bytes_per_block(p.cap.tightest_stage)

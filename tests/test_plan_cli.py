@@ -201,10 +201,20 @@ def test_model_dir_without_config_says_so(
     assert "config.json: no config.json here" in err
 
 
-def test_partial_catalogue_model_asks_for_the_weights(
-    capsys: pytest.CaptureFixture[str],
+def test_config_without_sizes_asks_for_the_weights(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, _, err = run_plan(capsys, "--model", "Llama-3.3-70B-Instruct", "--max-model-len", "8192")
+    # KV fields only: no vocab_size or intermediate_size to count parameters from.
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 80,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 8192,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = run_plan(capsys, "--model", str(tmp_path))
     assert code == 2
     assert "pass --weights-bytes" in err
 

@@ -49,6 +49,7 @@ class StateShape:
     conv_elems: int
     ssm_elems: int
     ssm_dtype_bytes: int | None = None  # None: the model dtype
+    gated_delta: bool = False  # a Gated DeltaNet layer (Qwen3-Next, Qwen3.5)
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,11 @@ class LayerKV:
     window: int | None = None  # sliding window W or attention chunk C, in tokens
     state: StateShape | None = None  # MAMBA only
 
-    def bytes_per_token(self, tp: int, dtype_bytes: int) -> int:
+    def bytes_per_token(self, tp: int, dtype_bytes: float) -> int:
         """Bytes one token costs in this layer on one GPU (0 for constant-size state)."""
         if self.kind is LayerKind.MAMBA:
             return 0
-        return kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes
+        return int(kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes)
 
 
 def kv_heads_per_gpu(layer: LayerKV, tp: int) -> int:
@@ -107,6 +108,10 @@ class ModelArch:
     moe: MoE | None
     mla: MLADims | None
     quantization: Quantization | None
+    vision_params: int = 0  # a multimodal model's vision tower, loaded with it
+    vision_profile_elems: int = 0  # patches of the largest image × the tower's MLP width
+    partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
+    final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
     notes: tuple[str, ...] = ()
 
@@ -269,8 +274,14 @@ _MODEL_DEFAULTS: dict[str, dict[str, object]] = {
         "vocab_size": 262208,
         "hidden_size": 2304,
         "intermediate_size": 9216,
+        "tie_word_embeddings": True,
     },
-    "gemma2": {"head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 8192},
+    "gemma2": {
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,  # Gemma ties its LM head to the embedding
+    },
     "llama4_text": {
         "attention_chunk_size": 8192,
         "no_rope_layer_interval": 4,
@@ -291,6 +302,7 @@ _MLA_MODEL_TYPES = frozenset(
         "longcat_flash",
         "pangu_ultra_moe",
         "glm4_moe_lite",
+        "glm_moe_dsa",  # GLM-5: DeepSeek-V3.2-style MLA with a sparse-attention indexer
         "mistral_large_3",
     }
 )
@@ -363,6 +375,11 @@ def parse_config(
         )
 
     kinds = _layer_kinds(r, model_type, num_layers, approximate, notes)
+    if mla is not None and r.has("index_topk"):
+        approximate.append(
+            "sparse attention (DSA): the indexer's own key cache (about index_head_dim bytes per "
+            "token per layer) is not counted"
+        )
     layers: list[LayerKV] = []
     for kind, window in kinds:
         if kind is LayerKind.MAMBA:
@@ -397,6 +414,10 @@ def parse_config(
         moe=_moe(r),
         mla=mla,
         quantization=_quantization(config, inner, origin),
+        vision_params=vision_params(config),
+        vision_profile_elems=vision_profile_elems(config),
+        partial_rotary_factor=_rotary_factor(r),
+        final_logit_softcapping=_softcap(r),
         approximate=tuple(dict.fromkeys(approximate)),
         notes=tuple(dict.fromkeys(notes)),
     )
@@ -619,7 +640,7 @@ def _state_shape(r: _Reader, hidden: int | None, approximate: list[str]) -> Stat
         v_dim = r.int_("linear_value_head_dim", required=True) or 0
         kernel = r.int_("linear_conv_kernel_dim") or 4
         conv_dim = 2 * k_heads * k_dim + v_heads * v_dim
-        return StateShape((kernel - 1) * conv_dim, v_heads * k_dim * v_dim)
+        return StateShape((kernel - 1) * conv_dim, v_heads * k_dim * v_dim, gated_delta=True)
     # Mamba2 (Nemotron-H, Granite-4, Bamba, Zamba2, Falcon-H1).
     if r.has("mamba_n_heads") or r.has("mamba_num_heads") or r.has("ssm_state_size"):
         state = r.int_("ssm_state_size", "mamba_d_state", "state_size", required=True) or 0
@@ -673,13 +694,33 @@ def _max_model_len(r: _Reader) -> int | None:
     return length
 
 
+def _rotary_factor(r: _Reader) -> float:
+    value = r.raw("partial_rotary_factor")
+    if value is None:
+        params = r.raw("rope_parameters")
+        value = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1:
+        return float(value)
+    return 1.0
+
+
+def _softcap(r: _Reader) -> float | None:
+    value = r.raw("final_logit_softcapping")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 def _moe(r: _Reader) -> MoE | None:
-    experts = r.int_("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    # 0 experts is how dense members of MoE families (Granite 4 dense-hybrid) say "no MoE".
+    experts = r.int_(
+        "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", positive=False
+    )
     if not experts or experts <= 1:
         return None
     per_token = r.int_("num_experts_per_tok", "moe_top_k", "top_k", "num_experts_per_token") or 2
     inter = r.int_("moe_intermediate_size", "intermediate_size") or 0
-    shared = r.int_("shared_expert_intermediate_size") or 0
+    shared = r.int_("shared_expert_intermediate_size", positive=False) or 0
     n_shared = r.int_("n_shared_experts", "num_shared_experts")
     if not shared and n_shared:
         shared = n_shared * inter
@@ -723,14 +764,90 @@ def _quantization(
         bits = _compressed_tensors_bits(q)
     else:
         bits = 16.0
-    return Quantization(method or "unknown", bits, method == "mxfp4", kv_bits)
+    experts_only = method == "mxfp4" or not _quantizes_attention(q)
+    return Quantization(method or "unknown", bits, experts_only, kv_bits)
 
 
 def _compressed_tensors_bits(q: Mapping[str, Any]) -> float:
+    """Bits per weight of the first group that quantizes weights, its group scales included."""
     groups = q.get("config_groups")
     if isinstance(groups, Mapping):
         for group in groups.values():
             weights = group.get("weights") if isinstance(group, Mapping) else None
             if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int):
-                return float(weights["num_bits"])
+                bits = float(weights["num_bits"])
+                size = weights.get("group_size")
+                if weights.get("strategy") == "group" and isinstance(size, int) and size > 0:
+                    bits += 16.0 / size  # one 16-bit scale per group
+                return bits
     return 16.0
+
+
+def _quantizes_attention(q: Mapping[str, Any]) -> bool:
+    """False when the checkpoint leaves attention in the model dtype (an ignore entry for it).
+
+    Kimi-K2.5's int4 release, for one, quantizes only the routed experts.
+    """
+    ignore = q.get("ignore") or q.get("modules_to_not_convert") or ()
+    if not isinstance(ignore, list):
+        return True
+    return not any(isinstance(x, str) and "self_attn" in x and "re:" in x for x in ignore)
+
+
+# Qwen-VL processors' default max_pixels (12,845,056 = 65,536 patches of 14²): towers
+# without a fixed image_size take images up to this many patches.
+_DYNAMIC_RES_PATCHES = 65_536
+
+
+def vision_profile_elems(config: Mapping[str, Any]) -> int:
+    """What vLLM's encoder profile run pushes through one MLP: patches × intermediate width.
+
+    vLLM profiles the encoder with the largest image the processor allows; a fixed-size
+    tower (SigLIP in Gemma 3: image_size / patch_size squared) sees that many patches, a
+    dynamic-resolution one (Qwen-VL) up to the processor's max_pixels.
+    """
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+    inter = vc.get("intermediate_size") or vc.get("mlp_dim")
+    hidden = vc.get("hidden_size") or vc.get("embed_dim")
+    if not isinstance(inter, int) or not isinstance(hidden, int):
+        return 0
+    image, patch = vc.get("image_size"), vc.get("patch_size") or 14
+    if isinstance(image, int) and isinstance(patch, int) and patch > 0:
+        patches = (image // patch) ** 2
+    else:
+        patches = _DYNAMIC_RES_PATCHES
+    return patches * inter
+
+
+def vision_params(config: Mapping[str, Any]) -> int:
+    """Parameters of a vision tower from ``vision_config`` (0 when there is none).
+
+    Per block: the q, k, v, o projections (4·h²) and a gated (3·h·i) or plain (2·h·i) MLP,
+    plus the patch embedding; a projector into the language model's width is small next to
+    them. An estimate: vLLM loads the tower with the model, so it takes GPU memory.
+    """
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+
+    def num(*keys: str) -> int:
+        for key in keys:
+            value = vc.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return 0
+
+    h = num("hidden_size", "embed_dim", "width")
+    depth = num("depth", "num_hidden_layers", "num_layers")
+    inter = num("intermediate_size", "mlp_dim") or 4 * h
+    if not h or not depth:
+        return 0
+    gated = str(vc.get("hidden_act") or "") in ("silu", "swiglu")
+    mlp = (3 if gated else 2) * h * inter
+    patch = num("patch_size") or 14
+    channels = num("in_chans", "num_channels") or 3
+    temporal = num("temporal_patch_size") or 1
+    out = num("out_hidden_size") or h
+    return depth * (4 * h * h + mlp) + patch * patch * channels * temporal * h + h * out

@@ -112,6 +112,16 @@ CATALOGUE: tuple[Gpu, ...] = (
         bf16_flops=2.25e15,
     ),
     Gpu(
+        "GB10",
+        _gib(121.69),
+        "blackwell",
+        "CUDA total 121.69 GiB (DGX Spark, unified memory; "
+        "github.com/MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks/issues/47)",
+        ("nvidia gb10", "dgx spark", "dgx-spark", "spark"),
+        memory_bandwidth=2.73e11,
+        bf16_flops=1.25e14,
+    ),
+    Gpu(
         "A100-SXM4-80GB",
         85100068864,
         "ampere",

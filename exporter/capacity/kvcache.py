@@ -6,6 +6,7 @@ Mirrors vllm/v1/kv_cache_interface.py (page sizes) and vllm/v1/core/kv_cache_uti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,7 +14,18 @@ from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, k
 from exporter.capacity.releases import ConcurrencyLine, Release, TokenLine
 from exporter.errors import InputError
 
-KV_CACHE_DTYPES = ("auto", "fp16", "float16", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+OCTAVE_KV_DTYPES = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
+KV_CACHE_DTYPES = (
+    "auto",
+    "fp16",
+    "float16",
+    "bf16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    *OCTAVE_KV_DTYPES,
+)
 _KV_DTYPE_BYTES = {
     "fp16": 2,
     "float16": 2,
@@ -35,19 +47,45 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, arch: ModelArch) -> int:
-    """Bytes per cached element: ``auto`` follows the model (or the checkpoint's KV scheme)."""
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str, arch: ModelArch) -> float:
+    """Bytes per cached element: ``auto`` follows the model (or the checkpoint's KV scheme).
+
+    The Octave formats pack a token's K and V for one head into one slot; their figure is
+    that slot over ``2 × head_size`` elements (exact: slots and heads are powers of two).
+    """
     name = kv_cache_dtype.lower()
     if name == "auto":
         q = arch.quantization
         if q is not None and q.kv_cache_bits == 8:
             return 1  # llm-compressor kv_cache_scheme applies when the user set no dtype
         return DTYPE_BYTES[model_dtype]
+    if name in OCTAVE_KV_DTYPES:
+        head = arch.attention_layers[0].head_size
+        return octave_slot_bytes(name, head, int(head * arch.partial_rotary_factor)) / (2 * head)
     if name not in _KV_DTYPE_BYTES:
         raise InputError(
             "--kv-cache-dtype", "", kv_cache_dtype, f"use one of {', '.join(KV_CACHE_DTYPES)}"
         )
     return _KV_DTYPE_BYTES[name]
+
+
+# vllm/v1/attention/ops/rocm_octave.py (0.33): Hadamard blocks of 64 dims, RoPE dims of K
+# at 4 bits and the rest at 3, V at 4 (k3v4) or 3 bits, one fp16 scale per K block (one
+# for all of K when compact) plus one for V, the slot padded to 8 bytes (4 when compact).
+_OCTAVE_V_BITS = {"octave_k3v4": 4, "octave_k3v3": 3, "octave_k3v3_compact": 3}
+_OCTAVE_BLOCK, _OCTAVE_ROPE_BITS, _OCTAVE_NOPE_BITS = 64, 4, 3
+OCTAVE_HEAD_SIZE, OCTAVE_ROPE_DIM = 256, 64  # the only shape ROCM_OCTAVE's kernels take
+
+
+def octave_slot_bytes(kv_cache_dtype: str, head_size: int, rope_dim: int) -> int:
+    """Bytes of one packed K+V slot (one token, one KV head) of an Octave KV cache."""
+    compact = kv_cache_dtype.endswith("_compact")
+    wide = 0 if compact else rope_dim
+    k_bytes = (wide * _OCTAVE_ROPE_BITS + (head_size - wide) * _OCTAVE_NOPE_BITS) // 8
+    v_bytes = head_size * _OCTAVE_V_BITS[kv_cache_dtype] // 8
+    scales = (1 if compact else head_size // _OCTAVE_BLOCK) + 1
+    align = 4 if compact else 8
+    return cdiv(k_bytes + v_bytes + 2 * scales, align) * align
 
 
 @dataclass(frozen=True)
@@ -58,12 +96,13 @@ class Spec:
     block_size: int
     page_bytes: int  # bytes one block of this layer occupies
     window: int | None = None
+    mamba_blocks: int = 1  # state blocks a request holds (2 + checkpoints with prefix caching)
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         """Blocks one request of ``length`` tokens may pin (``max_memory_usage_bytes``)."""
         bs = self.block_size
         if self.kind is LayerKind.MAMBA:
-            return 1
+            return self.mamba_blocks
         if self.kind is LayerKind.SLIDING:
             assert self.window is not None
             return cdiv(min(self.window - 1 + in_flight_tokens, length), bs) + 1
@@ -121,10 +160,10 @@ def pp_partition(num_layers: int, pp: int) -> tuple[range, ...]:
     return tuple(out)
 
 
-def layer_page_bytes(layer: LayerKV, block_size: int, tp: int, dtype_bytes: int) -> int:
+def layer_page_bytes(layer: LayerKV, block_size: int, tp: int, dtype_bytes: float) -> int:
     """``page_size_bytes`` of one attention layer (MLA: one latent head, no V)."""
     heads = kv_heads_per_gpu(layer, tp)
-    return block_size * heads * (layer.head_size + layer.head_size_v) * dtype_bytes
+    return int(block_size * heads * (layer.head_size + layer.head_size_v) * dtype_bytes)
 
 
 def mamba_page_bytes(layer: LayerKV, tp: int, dtype_bytes: int) -> int:
@@ -140,14 +179,19 @@ def build_layout(
     block_size: int,
     tp: int,
     pp: int,
-    dtype_bytes: int,
+    dtype_bytes: float,
     hybrid_manager: bool = True,
+    mamba_prefix_caching: bool = False,
+    gdn_checkpoint_alignment: int | None = None,
 ) -> tuple[Layout, int]:
     """Group the layers as vLLM does; returns the layout and the attention block size used.
 
     ``block_size`` is the configured one; hybrid Mamba models raise it so an attention page
     covers a Mamba page. Without the hybrid manager (old releases or
     ``--disable-hybrid-kv-cache-manager``) sliding and chunked layers are sized as full.
+    With Mamba prefix caching (0.33: mamba_cache_mode "align") a request holds two state
+    blocks, three when Gated DeltaNet layers export prefill checkpoints
+    (``gdn_checkpoint_alignment``), and the attention block is a multiple of that alignment.
     """
     if pp > arch.num_layers:
         raise InputError(
@@ -168,25 +212,36 @@ def build_layout(
 
     attn = [x for x in layers if x.kind is not LayerKind.MAMBA]
     mamba = [x for x in layers if x.kind is LayerKind.MAMBA]
+    # Recurrent state keeps the model dtype when the attention KV is packed (Octave).
+    state_bytes = int(dtype_bytes) if float(dtype_bytes).is_integer() else DTYPE_BYTES[arch.dtype]
+    checkpoints = gdn_checkpoint_alignment is not None and any(
+        x.state is not None and x.state.gated_delta for x in mamba
+    )
+    mamba_blocks = (3 if checkpoints else 2) if mamba_prefix_caching else 1
     if mamba and attn:
-        mamba_page = max(mamba_page_bytes(x, tp, dtype_bytes) for x in mamba)
+        mamba_page = max(mamba_page_bytes(x, tp, state_bytes) for x in mamba)
         per_token = max(layer_page_bytes(x, 1, tp, dtype_bytes) for x in attn)
-        needed = cdiv(mamba_page, per_token)
-        block_size = max(
-            block_size, cdiv(needed, _HYBRID_BLOCK_ALIGNMENT) * _HYBRID_BLOCK_ALIGNMENT
-        )
+        align = max(_HYBRID_BLOCK_ALIGNMENT, block_size)
+        if checkpoints and gdn_checkpoint_alignment is not None:
+            align = math.lcm(align, gdn_checkpoint_alignment)
+        needed = align * cdiv(mamba_page, align * per_token)
+        needed = cdiv(needed, _HYBRID_BLOCK_ALIGNMENT) * _HYBRID_BLOCK_ALIGNMENT
+        block_size = max(block_size, needed)
 
     specs: list[Spec] = []
     for x in layers:
         if x.kind is LayerKind.MAMBA:
-            specs.append(Spec(LayerKind.MAMBA, block_size, mamba_page_bytes(x, tp, dtype_bytes)))
+            page = mamba_page_bytes(x, tp, state_bytes)
+            specs.append(Spec(LayerKind.MAMBA, block_size, page, mamba_blocks=mamba_blocks))
         else:
             page = layer_page_bytes(x, block_size, tp, dtype_bytes)
             specs.append(Spec(x.kind, block_size, page, x.window))
     page = max(s.page_bytes for s in specs)
     # Mamba pages are padded up to the attention page; attention pages must already agree.
     specs = [
-        Spec(s.kind, s.block_size, page, s.window) if s.kind is LayerKind.MAMBA else s
+        Spec(s.kind, s.block_size, page, s.window, s.mamba_blocks)
+        if s.kind is LayerKind.MAMBA
+        else s
         for s in specs
     ]
     if len({s.page_bytes for s in specs}) > 1:

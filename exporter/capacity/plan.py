@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from exporter.capacity.arch import LayerKind, ModelArch
 from exporter.capacity.gpus import GIB, Gpu
 from exporter.capacity.kvcache import (
+    OCTAVE_HEAD_SIZE,
+    OCTAVE_KV_DTYPES,
+    OCTAVE_ROPE_DIM,
     Capacity,
     Layout,
     StartupFailure,
@@ -71,6 +74,7 @@ class PlanRequest:
     contexts: tuple[Context, ...] = ()
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
+    enable_prefix_caching: bool = True  # vLLM's default for generative models
     overhead: OverheadModel = DEFAULT_OVERHEAD
 
 
@@ -83,7 +87,7 @@ class Plan:
     max_num_seqs: int
     max_num_batched_tokens: int
     in_flight_tokens: int
-    kv_dtype_bytes: int
+    kv_dtype_bytes: float  # 1, 2 or 4; a fraction for packed formats (Octave)
     kv_bytes_per_token: int  # per GPU on the tightest stage, summed over its layers
     layout: Layout
     stages: tuple[StageMemory, ...]  # modelled budget per PP stage
@@ -108,13 +112,16 @@ def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tu
 
     V1 (vllm/engine/arg_utils.py::get_batch_defaults): 8192 / 1024 on GPUs with ≥ 70 GiB
     that are not A100s, 2048 / 256 otherwise; 0.32 adds 16384 / 1024 from 160 GiB (B200)
-    and 2048 / 128 on the CPU backend. V0 without chunked prefill: the larger of
-    max_model_len and 2048, with 256 sequences.
+    and 2048 / 128 on the CPU backend; 0.33 gives GB10 (DGX Spark, compute capability 12.1)
+    2048 / 256 although its unified memory is larger than 70 GiB. V0 without chunked
+    prefill: the larger of max_model_len and 2048, with 256 sequences.
     """
     if not release.v1:
         return max(max_model_len, 2048), 256
     if gpu.platform == "cpu":
         return 2048, 128 if release.version >= (0, 32, 0) else 256
+    if gpu.name == "GB10" and release.version >= (0, 33, 0):
+        return 2048, 256
     if gpu.total_bytes >= 160 * GIB and release.version >= (0, 32, 0):
         return 16384, 1024
     big = gpu.total_bytes >= 70 * GIB and "a100" not in gpu.name.lower()
@@ -177,6 +184,12 @@ def plan(req: PlanRequest) -> Plan:
     notes: list[str] = list(arch.notes)
     if not rel.known:
         notes.append(f"vLLM {rel.label} is outside the releases read (0.6-0.33): nearest rules")
+    if gpu.name == "GB10":
+        notes.append(
+            "GB10 shares its memory with the CPU: vLLM compares the budget with the system's "
+            "free memory at start-up, so the default utilization often fails there "
+            "(DGX Spark recipes run 0.80-0.85)"
+        )
 
     utilization = req.gpu_memory_utilization or rel.default_gpu_memory_utilization
     sources["utilization"] = "flag" if req.gpu_memory_utilization else f"default ({rel.label})"
@@ -205,7 +218,12 @@ def plan(req: PlanRequest) -> Plan:
     else:
         block_size, sources["block_size"] = default_block_size(arch, gpu, rel)
 
+    _check_kv_dtype(req)
     kv_bytes = kv_dtype_bytes(req.kv_cache_dtype, arch.dtype, arch)
+    # 0.33 read: prefix caching (on by default) puts hybrid Mamba models in "align" mode;
+    # the FlashInfer GDN prefill, used on Hopper and Blackwell, exports checkpoints.
+    align_mode = req.enable_prefix_caching and rel.version >= (0, 33, 0)
+    gdn_alignment = rel.gdn_checkpoint_alignment if gpu.family in ("hopper", "blackwell") else None
     layout, block_size = build_layout(
         arch,
         release=rel,
@@ -214,6 +232,8 @@ def plan(req: PlanRequest) -> Plan:
         pp=pp,
         dtype_bytes=kv_bytes,
         hybrid_manager=req.hybrid_kv_cache_manager,
+        mamba_prefix_caching=align_mode,
+        gdn_checkpoint_alignment=gdn_alignment if align_mode else None,
     )
     if block_size != (req.block_size or block_size):
         sources["block_size"] = "raised to cover the Mamba state page"
@@ -251,6 +271,14 @@ def plan(req: PlanRequest) -> Plan:
     sources["num_blocks"] = (
         "flag (--num-gpu-blocks-override)" if req.num_gpu_blocks_override else "computed"
     )
+    refusal = _float_kv_dtype_refusal(req)
+    if refusal is not None:
+        failure = StartupFailure(0, 0, 0, refusal)
+    if rel.sampler_warmup_pass or rel.cublas_in_baseline:
+        notes.append(
+            "vLLM 0.33's second sampler warm-up pass and cuBLAS handles in the start-up "
+            "baseline are modelled in direction only (no 0.33 GPU start-up measured yet)"
+        )
     held = layout.stage_layers[cap.tightest_stage]
     per_token = sum(arch.layers[i].bytes_per_token(tp, kv_bytes) for i in held)
     contexts = req.contexts or (Context("max_model_len", max_len),)
@@ -278,11 +306,63 @@ def plan(req: PlanRequest) -> Plan:
     )
 
 
+_MODEL_DTYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _float_kv_dtype_refusal(req: PlanRequest) -> str | None:
+    """0.33 refuses an explicit 16-bit KV dtype other than the model's, with this message
+    (vllm/config/vllm.py::_reject_mismatched_float_kv_cache)."""
+    if not req.release.rejects_mismatched_float_kv_cache:
+        return None
+    name = req.kv_cache_dtype.lower()
+    cache_dtype = _MODEL_DTYPE_NAMES.get(name, name)
+    if cache_dtype not in ("float16", "bfloat16"):
+        return None
+    model_dtype = req.arch.dtype
+    if model_dtype == cache_dtype:
+        return None
+    allowed = f"`auto` or `{model_dtype}`" if model_dtype in ("float16", "bfloat16") else "`auto`"
+    return (
+        f'kv_cache_dtype="{cache_dtype}" is incompatible with dtype="{model_dtype}". '
+        f"Please set `--kv-cache-dtype` to {allowed}."
+    )
+
+
+def _check_kv_dtype(req: PlanRequest) -> None:
+    """The Octave formats exist from 0.33, on AMD GPUs, for 256-dim heads with 64 RoPE dims."""
+    name = req.kv_cache_dtype.lower()
+    if name not in OCTAVE_KV_DTYPES:
+        return
+    if not req.release.octave_kv_cache:
+        raise InputError(
+            "--kv-cache-dtype", "", req.kv_cache_dtype, f"is new in vLLM 0.33 ({req.release.label})"
+        )
+    if req.gpu.family != "cdna3":
+        raise InputError(
+            "--kv-cache-dtype",
+            "",
+            req.kv_cache_dtype,
+            f"needs vLLM's ROCM_OCTAVE backend (AMD CDNA3/RDNA3), not {req.gpu.name}",
+        )
+    head = req.arch.attention_layers[0].head_size
+    rope = int(head * req.arch.partial_rotary_factor)
+    if head != OCTAVE_HEAD_SIZE or rope != OCTAVE_ROPE_DIM:
+        raise InputError(
+            "--kv-cache-dtype",
+            "",
+            req.kv_cache_dtype,
+            f"ROCM_OCTAVE kernels need head_size {OCTAVE_HEAD_SIZE} and {OCTAVE_ROPE_DIM} "
+            f"rotary dims; {req.arch.origin} has {head} and {rope}",
+        )
+
+
 def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
     if req.weights_bytes is not None:
         sources["weights"] = req.weights_source
         return req.weights_bytes
-    estimate = estimate_weights_bytes(req.arch, req.arch.dtype, req.quantization)
+    estimate = estimate_weights_bytes(
+        req.arch, req.arch.dtype, req.quantization, native_fp4=req.gpu.family == "blackwell"
+    )
     if estimate is not None:
         sources["weights"] = "estimate (config parameters × dtype/quantization)"
     return estimate
@@ -306,7 +386,13 @@ def _stage_memory(
     requested = requested_memory(req.gpu.total_bytes, utilization, rel)
     weights = (
         stage_weight_bytes(
-            arch, total_weights, tp=tp, pp=pp, dtype=arch.dtype, quantization=req.quantization
+            arch,
+            total_weights,
+            tp=tp,
+            pp=pp,
+            dtype=arch.dtype,
+            quantization=req.quantization,
+            native_fp4=req.gpu.family == "blackwell",
         )
         if total_weights is not None
         else (0,) * pp
@@ -325,6 +411,8 @@ def _stage_memory(
             dtype_bytes=dtype_bytes,
             tp=tp,
             pp=pp,
+            logits_softcap=arch.final_logit_softcapping is not None,
+            encoder_elems=arch.vision_profile_elems,
         ),
         rel,
         req.overhead,

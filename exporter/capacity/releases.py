@@ -115,6 +115,36 @@ class Release:
         # V1 became the default engine in 0.8.0.
         return self.version >= (0, 8, 0)
 
+    @property
+    def rejects_mismatched_float_kv_cache(self) -> bool:
+        # vllm/config/vllm.py::_reject_mismatched_float_kv_cache (0.33).
+        return self.version >= (0, 33, 0)
+
+    @property
+    def octave_kv_cache(self) -> bool:
+        # octave_k3v4 / octave_k3v3 / octave_k3v3_compact (ROCM_OCTAVE backend), 0.33.
+        return self.version >= (0, 33, 0)
+
+    @property
+    def gdn_checkpoint_alignment(self) -> int | None:
+        """Block alignment the FlashInfer GDN prefill adds with Mamba prefix caching.
+
+        0.33 (platforms/interface.py::_align_hybrid_block_size): with mamba_cache_mode
+        "align" the attention block is a multiple of lcm(kernel block, 64), and each
+        request holds 2 + 1 checkpoint Mamba blocks. Earlier releases were not read.
+        """
+        return 64 if self.version >= (0, 33, 0) else None
+
+    @property
+    def sampler_warmup_pass(self) -> bool:
+        # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.
+        return self.version >= (0, 33, 0)
+
+    @property
+    def cublas_in_baseline(self) -> bool:
+        # 0.33 creates the cuBLAS/cuBLASLt handles before the start-up memory snapshot.
+        return self.version >= (0, 33, 0)
+
     def in_flight_batches(self, pipeline_parallel_size: int, async_scheduling: bool) -> int:
         """``max_concurrent_batches``: how many batches of tokens a window must cover.
 

@@ -19,8 +19,9 @@ from exporter.capacity.kvcache import pp_partition
 @dataclass(frozen=True)
 class LayerParams:
     attention: int  # q, k, v, o projections (or MLA's low-rank factors)
-    mlp: int  # dense MLP or all experts + shared experts + router
+    mlp: int  # dense MLP, or shared experts + router
     norms: int
+    experts: int = 0  # the routed experts of an MoE layer
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,12 @@ class ParamCount:
     lm_head: int
     layers: tuple[LayerParams, ...]
     final_norm: int
+    vision: int = 0  # a vision tower, loaded with the first stage
 
     @property
     def total(self) -> int:
-        body = sum(p.attention + p.mlp + p.norms for p in self.layers)
-        return self.embed + self.lm_head + body + self.final_norm
+        body = sum(p.attention + p.mlp + p.norms + p.experts for p in self.layers)
+        return self.embed + self.lm_head + body + self.final_norm + self.vision
 
 
 def count_params(arch: ModelArch) -> ParamCount | None:
@@ -51,11 +53,11 @@ def count_params(arch: ModelArch) -> ParamCount | None:
         return None
     layers = []
     for i, layer in enumerate(arch.layers):
-        layers.append(
-            LayerParams(_attention_params(arch, layer, h, heads), _mlp_params(arch, i, h), 2 * h)
-        )
+        mlp, experts = _mlp_params(arch, i, h)
+        layers.append(LayerParams(_attention_params(arch, layer, h, heads), mlp, 2 * h, experts))
     embed = vocab * h
-    return ParamCount(embed, 0 if arch.tie_word_embeddings else embed, tuple(layers), h)
+    lm_head = 0 if arch.tie_word_embeddings else embed
+    return ParamCount(embed, lm_head, tuple(layers), h, arch.vision_params)
 
 
 def _attention_params(arch: ModelArch, layer: LayerKV, h: int, heads: int) -> int:
@@ -78,13 +80,14 @@ def _attention_params(arch: ModelArch, layer: LayerKV, h: int, heads: int) -> in
     return h * heads * hd + 2 * h * layer.num_kv_heads * hd + heads * hd * h
 
 
-def _mlp_params(arch: ModelArch, index: int, h: int) -> int:
+def _mlp_params(arch: ModelArch, index: int, h: int) -> tuple[int, int]:
+    """(dense MLP or shared experts + router, routed experts) of one layer."""
     moe = arch.moe
     dense = 3 * h * (arch.intermediate_size or 0)  # gate, up and down projections
     if moe is None or index < moe.dense_layers:
-        return dense
+        return dense, 0
     experts = moe.num_experts * 3 * h * moe.expert_intermediate_size
-    return experts + 3 * h * moe.shared_intermediate_size + h * moe.num_experts
+    return 3 * h * moe.shared_intermediate_size + h * moe.num_experts, experts
 
 
 @dataclass(frozen=True)
@@ -95,17 +98,31 @@ class WeightBytes:
     lm_head: int
     layers: tuple[int, ...]
     final_norm: int
+    vision: int = 0
 
     @property
     def total(self) -> int:
-        return self.embed + self.lm_head + sum(self.layers) + self.final_norm
+        return self.embed + self.lm_head + sum(self.layers) + self.final_norm + self.vision
+
+
+# MXFP4 keeps one 8-bit E8M0 scale per 32 values. GPUs without native FP4 (before
+# Blackwell) run it through Triton/Marlin kernels that hold the scales as 16-bit values:
+# 4.5 bits a weight, not 4.25. gpt-oss-120b on one H100 loads 64.38 GiB (vLLM 0.14.1,
+# issue 33155) and 65.97 GiB (0.10.1 Marlin, issue 23278) against 60.7 GiB at 4.25 bits.
+_MXFP4_UPCAST_BITS = 4.0 + 16.0 / 32
 
 
 def weight_bytes(
-    arch: ModelArch, params: ParamCount, dtype: str, quantization: str | None
+    arch: ModelArch,
+    params: ParamCount,
+    dtype: str,
+    quantization: str | None,
+    *,
+    native_fp4: bool = True,
 ) -> WeightBytes:
     """Bytes per place. ``quantization`` is vLLM's ``--quantization`` (online, e.g. fp8);
-    without it the config's ``quantization_config`` decides."""
+    without it the config's ``quantization_config`` decides. ``native_fp4``: the GPU
+    computes in FP4 (Blackwell), so MX scales stay 8-bit."""
     dt = DTYPE_BYTES[dtype]
     bits = float(dt * 8)
     q = arch.quantization
@@ -113,20 +130,28 @@ def weight_bytes(
         bits = 8.0
     elif q is not None and q.weight_bits < bits:
         bits = q.weight_bits
-    attention_bits = dt * 8 if q is not None and q.experts_only else bits
+        if q.method == "mxfp4" and not native_fp4:
+            bits = _MXFP4_UPCAST_BITS
+    # An experts-only scheme (gpt-oss mxfp4, Kimi-K2.5 int4) keeps attention, dense MLPs
+    # and shared experts in the model dtype; quantizing a dense model, all of them count.
+    rest_bits = dt * 8 if q is not None and q.experts_only else bits
     layers = tuple(
-        int(p.attention * attention_bits / 8 + p.mlp * bits / 8) + p.norms * dt
+        int((p.attention + p.mlp) * rest_bits / 8 + p.experts * bits / 8) + p.norms * dt
         for p in params.layers
     )
-    return WeightBytes(params.embed * dt, params.lm_head * dt, layers, params.final_norm * dt)
+    return WeightBytes(
+        params.embed * dt, params.lm_head * dt, layers, params.final_norm * dt, params.vision * dt
+    )
 
 
-def estimate_weights_bytes(arch: ModelArch, dtype: str, quantization: str | None) -> int | None:
+def estimate_weights_bytes(
+    arch: ModelArch, dtype: str, quantization: str | None, *, native_fp4: bool = True
+) -> int | None:
     """The whole checkpoint as vLLM loads it, from the config; None when sizes are missing."""
     params = count_params(arch)
     if params is None:
         return None
-    return weight_bytes(arch, params, dtype, quantization).total
+    return weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4).total
 
 
 def stage_weight_bytes(
@@ -137,6 +162,7 @@ def stage_weight_bytes(
     pp: int,
     dtype: str,
     quantization: str | None,
+    native_fp4: bool = True,
 ) -> tuple[int, ...]:
     """Bytes each GPU of each PP stage loads: ``total_bytes`` split as vLLM places it.
 
@@ -148,7 +174,7 @@ def stage_weight_bytes(
     params = count_params(arch)
     if params is None:
         return tuple(total_bytes * len(r) // (arch.num_layers * tp) for r in stages)
-    wb = weight_bytes(arch, params, dtype, quantization)
+    wb = weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4)
     scale = total_bytes / wb.total
     if pp == 1:
         return (total_bytes // tp,)
@@ -156,7 +182,7 @@ def stage_weight_bytes(
     for s, held in enumerate(stages):
         share = sum(wb.layers[i] for i in held)
         if s == 0:
-            share += wb.embed
+            share += wb.embed + wb.vision
         if s == pp - 1:
             share += wb.final_norm + (wb.lm_head or wb.embed)
         out.append(int(share * scale) // tp)

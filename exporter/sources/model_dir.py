@@ -144,8 +144,8 @@ def load_model(spec: str) -> ModelSource:
         found.name,
         dict(found.config),
         f"catalogue:{found.name}",
-        None,
-        "",
+        found.checkpoint_bytes,
+        f"published checkpoint ({found.checkpoint_source})" if found.checkpoint_bytes else "",
         found.notes,
     )
 

@@ -50,10 +50,13 @@ def within(actual: float, expected: float, rel: float) -> bool:
     return abs(actual - expected) <= rel * abs(expected)
 
 
-@pytest.mark.parametrize("point", POINTS, ids=lambda p: f"row{p.row}")
+@pytest.mark.parametrize("point", [p for p in POINTS if p.exact], ids=lambda p: f"row{p.row}")
 def test_printed_kv_memory_reproduces_vllms_blocks_tokens_and_concurrency(
     point: StartupPoint,
 ) -> None:
+    assert point.blocks is not None
+    assert point.tokens is not None
+    assert point.concurrency is not None
     result = plan(replace(point.request, available_kv_bytes=point.printed_kv_bytes))
     assert within(result.cap.num_blocks, point.blocks, 0.001)
     assert within(result.cap.capacity_tokens, point.tokens, 0.001)

@@ -1,0 +1,112 @@
+"""The built-in catalogue: verbatim configs, and every model plans with no extra flags."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from exporter.capacity.catalogue import describe
+from exporter.cli import main
+from exporter.sources.model_dir import load_catalogue
+from tests.conftest import FIXTURES
+
+MODELS = FIXTURES / "models"
+CATALOGUE = load_catalogue()
+NAMES = [m.name for m in CATALOGUE]
+
+
+def _builder() -> object:
+    spec = importlib.util.spec_from_file_location("build_catalogue", MODELS / "build_catalogue.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_catalogue_is_built_from_the_verbatim_configs() -> None:
+    built = _builder().build()  # type: ignore[attr-defined]
+    shipped = json.loads(
+        (MODELS.parents[2] / "exporter" / "capacity" / "data" / "models.json").read_text()
+    )
+    assert shipped == built
+
+
+def test_every_entry_names_a_public_source() -> None:
+    assert all(m.source.startswith("https://github.com/") for m in CATALOGUE)
+
+
+def test_catalogue_covers_the_families_people_serve() -> None:
+    prefixes = (
+        "meta-llama/Llama-3",
+        "meta-llama/Llama-4",
+        "Qwen/Qwen2.5",
+        "Qwen/Qwen3-",
+        "Qwen/Qwen3.5",
+        "deepseek-ai/DeepSeek-V3",
+        "deepseek-ai/DeepSeek-R1",
+        "openai/gpt-oss",
+        "google/gemma-2",
+        "google/gemma-3",
+        "mistralai/Mistral",
+        "mistralai/Mixtral",
+        "microsoft/Phi-3",
+        "microsoft/phi-4",
+        "ibm-granite/granite-3",
+        "zai-org/GLM",
+        "moonshotai/Kimi-K2",
+    )
+    missing = [p for p in prefixes if not any(n.startswith(p) for n in NAMES)]
+    assert not missing
+    assert len(NAMES) >= 60
+
+
+@pytest.mark.parametrize("gpu", ["H100-80GB", "L4"])
+def test_every_catalogue_model_plans_with_no_extra_flags(
+    gpu: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0: it fits; 1: vLLM would refuse (too big for the card). 2 would mean we cannot plan it.
+    codes = {name: main(["plan", "--model", name, "--gpu", gpu, "--no-what-if"]) for name in NAMES}
+    capsys.readouterr()
+    assert {name: c for name, c in codes.items() if c not in (0, 1)} == {}
+
+
+def test_a_catalogue_model_plans_from_the_console() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "plan", "--model", "Qwen/Qwen3-8B", "--gpu", "L40S"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "estimate (config parameters" in proc.stdout
+
+
+def test_published_checkpoint_size_is_used_for_the_weights(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(["plan", "--model", "google/gemma-2-9b-it", "--output", "json", "--no-what-if"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["memory"]["weights_bytes"] == 18_483_411_968
+    assert doc["sources"]["weights"].startswith("published checkpoint")
+
+
+def test_list_models_says_what_each_entry_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--list-models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(NAMES)
+    gemma = next(line for line in lines if line.startswith("google/gemma-2-9b-it "))
+    assert "hybrid_sliding" in gemma
+    assert "checkpoint 17.2 GiB (published)" in gemma
+
+
+def test_describe_marks_quantized_moe_entries() -> None:
+    entry = next(m for m in CATALOGUE if m.name == "Qwen/Qwen3-30B-A3B-FP8")
+    assert "MoE 8/128" in describe(entry)
+    assert "fp8 weights" in describe(entry)

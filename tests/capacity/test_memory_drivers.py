@@ -1,0 +1,96 @@
+"""The profile-run peak follows what drives it: logits copies, vision towers, MX scales."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from benchmarks.sizing_points import family_of
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import lookup_gpu
+from exporter.capacity.memory import ActivationInputs, OverheadModel, activation_peaks
+from exporter.capacity.plan import PlanRequest, plan
+from exporter.capacity.releases import release
+from exporter.capacity.weights import estimate_weights_bytes
+from tests.conftest import fixture_config
+
+GIB = 1 << 30
+
+
+def peak(config: dict[str, object], max_num_seqs: int | None = None) -> int:
+    req = PlanRequest(
+        arch=parse_config(config, "model"),
+        model_name="model",
+        gpu=lookup_gpu("H100"),
+        release=release("0.19.0"),
+        max_model_len=8192,
+        max_num_seqs=max_num_seqs,
+    )
+    return plan(req).stages[0].activation
+
+
+def test_logit_soft_capping_stays_below_the_sampler_peak() -> None:
+    # compute_logits holds three bf16 copies while capping (6 B an entry) and frees them
+    # before the sampler's ~15 B an entry: the cap never sets the profile peak.
+    gemma2 = fixture_config("google__gemma-2-9b-it")
+    uncapped = {**gemma2, "final_logit_softcapping": None}
+    assert peak(gemma2) == peak(uncapped)
+
+
+def test_soft_capped_logits_hold_three_model_dtype_copies() -> None:
+    # With the sampler's own buffers taken out, the logits phase is what is left.
+    bare = OverheadModel(sampler_fixed_bytes=0.0, sampler_dtype_bytes=0.0)
+    inputs = ActivationInputs(
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        intermediate_size=0,
+        hidden_size=3584,
+        vocab_size=256_000,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    capped = activation_peaks(replace(inputs, logits_softcap=True), release("0.19.0"), bare)
+    plain = activation_peaks(inputs, release("0.19.0"), bare)
+    assert capped == (3 * 2 * 1024 * 256_000,)
+    assert plain == (2 * 1024 * 256_000,)
+
+
+def test_a_vision_towers_encoder_profile_can_set_the_peak() -> None:
+    vl = fixture_config("Qwen__Qwen2.5-VL-7B-Instruct")
+    text_only = {k: v for k, v in vl.items() if k != "vision_config"}
+    # The largest image: 65,536 patches through a 3,420-wide MLP, as the LM's forward;
+    # with 64 sequences the sampler no longer hides it (phases peak one at a time).
+    assert peak(vl, 64) > peak(text_only, 64)
+    assert 1.9 * GIB < peak(vl, 64) < 2.2 * GIB
+
+
+def test_mxfp4_weights_carry_16_bit_scales_before_blackwell() -> None:
+    arch = parse_config(fixture_config("openai__gpt-oss-120b"), "gpt-oss")
+    hopper = estimate_weights_bytes(arch, arch.dtype, None, native_fp4=False)
+    blackwell = estimate_weights_bytes(arch, arch.dtype, None, native_fp4=True)
+    assert hopper is not None
+    assert blackwell is not None
+    # vLLM loaded 64.38 GiB on one H100 (0.14.1, issue 33155); 60.7 GiB is 4.25 bits.
+    assert abs(hopper / GIB - 64.38) < 0.5
+    assert blackwell < hopper
+
+
+def test_plan_uses_the_gpus_fp4_support_for_the_weights() -> None:
+    arch = parse_config(fixture_config("openai__gpt-oss-120b"), "gpt-oss")
+    req = PlanRequest(arch=arch, model_name="g", gpu=lookup_gpu("H100"), release=release("0.19.0"))
+    on_b200 = plan(replace(req, gpu=lookup_gpu("B200"))).stages[0].weights
+    assert plan(req).stages[0].weights > on_b200
+
+
+def test_moe_and_vision_variants_share_their_family() -> None:
+    assert family_of("qwen3_moe") == "qwen3"
+    assert family_of("qwen3_vl_moe_text") == "qwen3"
+    assert family_of("llama") == "llama"
+
+
+def test_weight_estimate_matches_a_published_checkpoint() -> None:
+    # google/gemma-2-9b-it's safetensors index: total_size 18,483,411,968 B (tied LM head).
+    arch = parse_config(fixture_config("google__gemma-2-9b-it"), "gemma2")
+    estimate = estimate_weights_bytes(arch, arch.dtype, None)
+    assert estimate is not None
+    assert abs(estimate - 18_483_411_968) < 0.001 * 18_483_411_968
