@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from exporter.cli import main
 from exporter.config import _SPECS
 from exporter.metrics import METRICS
 
@@ -104,3 +105,11 @@ def test_every_relative_link_resolves(page: Path) -> None:
         and Path(link).name not in PAGES_WRITTEN_ELSEWHERE
     ]
     assert missing == []
+
+
+def test_the_readmes_plan_example_is_what_plan_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    block = re.search(r"```\n\$ kv-headroom (plan [^\n]+)\n(.*?)\n```", README, re.S)
+    assert block
+    assert main(block.group(1).split()) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert printed == block.group(2).splitlines()
