@@ -1,19 +1,71 @@
-"""``kv-headroom``: the command line. Subcommands live in their own modules."""
+"""``kv-headroom``: the command line. Subcommands live in their own modules.
+
+Every subcommand's parser is a ``Parser``: a bad argument answers with one line naming the
+flag and exit 2 (argparse's own habit is a usage dump), help shows each default, and a
+closed pipe (``plan … | head -1``) ends the command quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from exporter import __version__, demo_cli, plan_cli, serve_cli
 from exporter.errors import InputError
 
-EXIT_BAD_INPUT = 2
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+_TYPE_ERROR = re.compile(r"^argument (\S+): ('.*)$", re.S)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` where a flag has a default worth showing.
+
+    argparse's ArgumentDefaultsHelpFormatter also prints ``(default: None)`` and
+    ``(default: False)``, which say nothing; serve's flags default to None at this layer
+    (the config file and environment fill them), so their help text names the default.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(default, bool)
+            or default == []
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)".strip()
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and whose values may start with '-'."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        # argparse reads "-80GB" as an unknown option and answers "expected one argument";
+        # read it as the value it is, so the flag's own check can say what is wrong with it.
+        self._negative_number_matcher = re.compile(r"^-\.?\d[\d.]*[a-zA-Z]*$")
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --gpu: '-80GB': …" from a flag's own check reads as every other bad
+        # input does: "--gpu = '-80GB': …".
+        m = _TYPE_ERROR.match(message)
+        if m:
+            message = f"{m.group(1).partition('/')[0]} = {m.group(2)}"
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kv-headroom",
         description="KV-cache capacity and headroom for vLLM: plan before a deploy, "
         "watch while it serves.",
@@ -26,13 +78,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_stdout() -> None:
+    """After the reader of a pipe has gone: point stdout at /dev/null so the interpreter's
+    final flush cannot raise BrokenPipeError again on the way out."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a bad argument already answered
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
     except InputError as e:
         print(f"kv-headroom {args.command}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # `plan … | head -1`: the reader took what it wanted. Not an error, and not exit 1,
+        # which plan uses for "vLLM would refuse to start".
+        _quiet_stdout()
+        return EXIT_OK
     return code
 
 

@@ -30,6 +30,9 @@ from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 ENV_PREFIX = "KV_HEADROOM_"
 CONFIG_FILE_KEY = "config.file"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG_FILE"
+# Unless set, vLLM's timeout is this share of a poll interval shorter than its default, so
+# a poll that times out still leaves the rest of the interval for the snapshot.
+TIMEOUT_SHARE = 0.75
 
 
 class ConfigError(Exception):
@@ -271,6 +274,7 @@ class _Spec:
     parse: Parser
     show: Callable[[Any], str] = _show
     flag_name: str | None = None  # when the flag is not the key spelt with dashes
+    help: str = ""  # one line for --help and the generated configuration table
 
     @property
     def env(self) -> str:
@@ -281,44 +285,116 @@ class _Spec:
         return self.flag_name or "--" + self.key.replace("_", "-")
 
 
-def _dep(name: str, parse: Parser, show: Callable[[Any], str] = _show) -> _Spec:
-    return _Spec(f"deployment.{name}", f"deployment.{name}", parse, show)
+def _dep(name: str, parse: Parser, help: str, show: Callable[[Any], str] = _show) -> _Spec:
+    return _Spec(f"deployment.{name}", f"deployment.{name}", parse, show, help=help)
 
 
+_WHERE_VLLM_SAYS = " (where vLLM's page and command line do not say)"
 _SPECS = (
-    _Spec("vllm.url", "vllm_url", _url, redact),
-    _Spec("vllm.timeout", "vllm_timeout_seconds", _duration, _show_duration),
-    _Spec("vllm.max_page_bytes", "vllm_max_page_bytes", _size, _show_size),
-    _Spec("web.listen_address", "listen_address", _address),
+    _Spec("vllm.url", "vllm_url", _url, redact, help="vLLM's base URL; /metrics is read"),
+    _Spec(
+        "vllm.timeout",
+        "vllm_timeout_seconds",
+        _duration,
+        _show_duration,
+        help="per request to vLLM and NVML; unless set, 1.5s or 3/4 of poll.interval if less",
+    ),
+    _Spec(
+        "vllm.max_page_bytes",
+        "vllm_max_page_bytes",
+        _size,
+        _show_size,
+        help="a larger /metrics page is refused (vLLM marked down)",
+    ),
+    _Spec(
+        "web.listen_address",
+        "listen_address",
+        _address,
+        help="host:port to serve /metrics, /healthz, /readyz and / on",
+    ),
     # Spelt as exporter-toolkit spells it, so one flag and one file serve every exporter.
-    _Spec("web.config_file", "web_config_file", _str, flag_name="--web.config.file"),
-    _Spec("poll.interval", "poll_interval_seconds", _duration, _show_duration),
-    _Spec("poll.window", "window_seconds", _duration, _show_duration),
-    _Spec("poll.history", "history_seconds", _duration, _show_duration),
-    _Spec("model.path", "model_path", _str),
-    _Spec("log.format", "log_format", _enum("auto", "json", "console")),
-    _Spec("log.level", "log_level", _enum("debug", "info", "warning", "error")),
-    _Spec("nvml.enabled", "nvml_enabled", _bool),
-    _Spec("nvml.devices", "nvml_devices", _devices),
-    _Spec("proc.path", "proc_path", _str),
-    _dep("vllm_version", _checked(parse_version)),
-    _dep("gpu", _checked(lookup_gpu)),
-    _dep("tensor_parallel_size", _int),
-    _dep("pipeline_parallel_size", _int),
-    _dep("max_num_seqs", _int),
-    _dep("max_model_len", _int),
-    _dep("max_num_batched_tokens", _int),
-    _dep("gpu_memory_utilization", _utilization),
-    _dep("kv_cache_dtype", _enum(*KV_CACHE_DTYPES)),
-    _dep("dtype", _str),
-    _dep("quantization", _str),
-    _dep("block_size", _int),
-    _dep("enforce_eager", _bool),
-    _dep("num_gpu_blocks_override", _int),
-    _dep("kv_cache_memory_bytes", _size, _show_size),
-    _dep("weights_bytes", _size, _show_size),
+    _Spec(
+        "web.config_file",
+        "web_config_file",
+        _str,
+        flag_name="--web.config.file",
+        help="exporter-toolkit web config (TLS, basic auth), as node-exporter reads it",
+    ),
+    _Spec(
+        "poll.interval",
+        "poll_interval_seconds",
+        _duration,
+        _show_duration,
+        help="time between polls, start to start",
+    ),
+    _Spec(
+        "poll.window",
+        "window_seconds",
+        _duration,
+        _show_duration,
+        help="context lengths and ratios are taken over this window",
+    ),
+    _Spec(
+        "poll.history",
+        "history_seconds",
+        _duration,
+        _show_duration,
+        help="how far back the sidecar keeps observations",
+    ),
+    _Spec("model.path", "model_path", _str, help="the model's directory or its config.json"),
+    _Spec(
+        "log.format",
+        "log_format",
+        _enum("auto", "json", "console"),
+        help="auto: console on a terminal, JSON lines otherwise",
+    ),
+    _Spec(
+        "log.level",
+        "log_level",
+        _enum("debug", "info", "warning", "error"),
+        help="least level logged",
+    ),
+    _Spec("nvml.enabled", "nvml_enabled", _bool, help="read GPU memory through NVML"),
+    _Spec(
+        "nvml.devices", "nvml_devices", _devices, help="GPU indices or UUIDs to read (default: all)"
+    ),
+    _Spec(
+        "proc.path",
+        "proc_path",
+        _str,
+        help="where the host's /proc is mounted, to read vLLM's flags",
+    ),
+    _dep("vllm_version", _checked(parse_version), "vLLM release" + _WHERE_VLLM_SAYS),
+    _dep("gpu", _checked(lookup_gpu), "GPU catalogue name or memory size" + _WHERE_VLLM_SAYS),
+    _dep("tensor_parallel_size", _int, "vLLM --tensor-parallel-size" + _WHERE_VLLM_SAYS),
+    _dep("pipeline_parallel_size", _int, "vLLM --pipeline-parallel-size" + _WHERE_VLLM_SAYS),
+    _dep("max_num_seqs", _int, "vLLM --max-num-seqs" + _WHERE_VLLM_SAYS),
+    _dep("max_model_len", _int, "vLLM --max-model-len" + _WHERE_VLLM_SAYS),
+    _dep("max_num_batched_tokens", _int, "vLLM --max-num-batched-tokens" + _WHERE_VLLM_SAYS),
+    _dep(
+        "gpu_memory_utilization", _utilization, "vLLM --gpu-memory-utilization" + _WHERE_VLLM_SAYS
+    ),
+    _dep("kv_cache_dtype", _enum(*KV_CACHE_DTYPES), "vLLM --kv-cache-dtype" + _WHERE_VLLM_SAYS),
+    _dep("dtype", _str, "vLLM --dtype" + _WHERE_VLLM_SAYS),
+    _dep("quantization", _str, "vLLM --quantization" + _WHERE_VLLM_SAYS),
+    _dep("block_size", _int, "vLLM --block-size" + _WHERE_VLLM_SAYS),
+    _dep("enforce_eager", _bool, "vLLM --enforce-eager" + _WHERE_VLLM_SAYS),
+    _dep("num_gpu_blocks_override", _int, "vLLM --num-gpu-blocks-override" + _WHERE_VLLM_SAYS),
+    _dep(
+        "kv_cache_memory_bytes",
+        _size,
+        "vLLM --kv-cache-memory-bytes" + _WHERE_VLLM_SAYS,
+        _show_size,
+    ),
+    _dep(
+        "weights_bytes",
+        _size,
+        "the whole checkpoint's size, when the model dir lacks it",
+        _show_size,
+    ),
 )
 _BY_KEY = {s.key: s for s in _SPECS}
+SPECS_BY_KEY = _BY_KEY  # for the command line, which spells each key as a flag
 _BY_ENV = {s.env: s for s in _SPECS}
 _SECTIONS = {  # section -> its keys, as an unknown key's problem lists them
     sec: ", ".join(k.partition(".")[2] for k in _BY_KEY if k.startswith(sec + "."))
@@ -455,6 +531,11 @@ def load_config(
         except _Bad as e:
             problems.append(_problem(setting.where, key, setting.raw, str(e)))
             failed.add(key)
+    if "vllm.timeout" not in found and "poll.interval" in found:
+        # The timeout is only a default the operator never chose: let it follow the interval
+        # they did choose rather than refuse it (`--poll.interval 1s` against 1.5s).
+        follows = min(Config.vllm_timeout_seconds, TIMEOUT_SHARE * found["poll.interval"].value)
+        found["vllm.timeout"] = _Setting("default", "default", None, follows)
     for low, high, strict in _ORDER:
         if not failed & {low, high}:
             problems += _misordered(found, low, high, strict)
@@ -504,6 +585,34 @@ def _misordered(found: dict[str, _Setting], low: str, high: str, strict: bool) -
     origin = ", the default" if other.source == "default" else f" from {other.where}"
     shown = f"{other_key} ({_show_duration(other.value)}{origin})"
     return [_problem(bad.where, key, bad.raw, f"must be {than} {shown}")]
+
+
+def check_paths(
+    config: Config,
+    is_dir: Callable[[str], bool] = lambda p: Path(p).is_dir(),
+    is_file: Callable[[str], bool] = lambda p: Path(p).is_file(),
+) -> list[str]:
+    """Problems with the paths a config names, for ``serve --check-config``.
+
+    Not part of ``load_config``: a running sidecar may start before the model volume is
+    filled (vLLM downloads into it) and reports the model source down until it is; a check
+    run by hand wants to hear about a typo now.
+    """
+    problems = []
+    model = config.model_path
+    if model is not None and not (is_dir(model) or is_file(model)):
+        where = _where(config, "model.path")
+        problems.append(_problem(where, "model.path", model, "no such file or directory"))
+    if config.sources.get("proc.path", "default") != "default" and not is_dir(config.proc_path):
+        where = _where(config, "proc.path")
+        problems.append(_problem(where, "proc.path", config.proc_path, "no such directory"))
+    return problems
+
+
+def _where(config: Config, key: str) -> str:
+    source = config.sources.get(key, "default")
+    spec = _BY_KEY[key]
+    return {"flag": spec.flag, "env": f"env {spec.env}"}.get(source, config.config_file or source)
 
 
 def describe(config: Config) -> list[tuple[str, str, str]]:

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import io
+import json
 import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from aiohttp import web
 
-from exporter.config import Config, Deployment
+from exporter.config import TIMEOUT_SHARE, Config, ConfigError, Deployment, load_config
 from exporter.log import configure
 from exporter.poller import Poller, PollerDeps
+from exporter.serve_cli import add_config_flag, config_error, config_flags
 from exporter.server import HANDLER_LIMITS, POLLER
 from exporter.server import create_app as sidecar_app
 from exporter.simulator.nvml import SimulatedNvml
@@ -32,15 +37,21 @@ from exporter.simulator.simulation import Simulation, builtin_names, load_scenar
 from exporter.snapshot import EngineView, Snapshot
 from exporter.sources.nvml import NvmlReader
 
-EXIT_OK = 0
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+DEFAULT_LISTEN = "127.0.0.1:9847"  # the sidecar's port, on loopback: a demo is not a service
+DEMO_FLAGS = ("web.listen_address", "poll.interval", "log.level", "log.format")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="run the sidecar against a simulated vLLM (no GPU, no vLLM needed)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Starts a simulated vLLM on a scenario and the sidecar against it, prints "
+        "where to look, and shows a live one-screen summary: redrawn in place on a terminal, "
+        "one line every few seconds with --plain or when the output is not a terminal. Stops "
+        "after --duration or on Ctrl-C.",
     )
     p.add_argument(
         "--scenario",
@@ -48,34 +59,87 @@ def add_parser(sub: Any) -> None:
         help=f"a built-in scenario ({', '.join(builtin_names())}) or a scenario YAML file",
     )
     p.add_argument("--duration", help="stop after this long, e.g. 30s, 5m (default: never)")
-    p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per second")
+    p.add_argument(
+        "--speed",
+        type=_speed,
+        default=1.0,
+        help="simulated seconds per second; 5 shows the demo's preemptions within half a minute",
+    )
     p.add_argument("--plain", action="store_true", help="plain lines instead of a live screen")
-    p.add_argument("--listen", default="127.0.0.1:9847", help="the sidecar's address")
-    p.add_argument("--poll-interval", default="2s", help="the sidecar's poll interval")
+    add_config_flag(p, "web.listen_address", "--listen", default=DEFAULT_LISTEN)
+    add_config_flag(p, "poll.interval", "--poll-interval")
+    add_config_flag(p, "log.level", default="warning")
+    add_config_flag(p, "log.format", default="console")
     p.set_defaults(func=run)
 
 
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1000:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number in (0, 1000], e.g. 5")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    flags = config_flags(args, DEMO_FLAGS)
+    flags["web.listen_address"] = flags["web.listen_address"] or DEFAULT_LISTEN
+    flags["log.level"] = flags["log.level"] or "warning"
+    flags["log.format"] = flags["log.format"] or "console"
+    try:
+        # The same checks and the same words as serve's, for the flags the two share.
+        settings = load_config(flags, {})
+    except ConfigError as e:
+        config_error("demo", e)
+        return EXIT_BAD_INPUT
     scenario = load_scenario(args.scenario)
     duration = parse_duration(args.duration, "--duration", "") if args.duration else None
-    interval = parse_duration(args.poll_interval, "--poll-interval", "")
-    host, _, port = args.listen.rpartition(":")
     live = sys.stdout.isatty() and not args.plain
-    # Logs would tear the live screen; keep them for problems only.
-    configure("warning" if live else "info", "console" if live else "json", sys.stderr)
-    return asyncio.run(
-        demo(
-            scenario_name=args.scenario,
-            sim=Simulation(scenario, start_time=time.time()),
-            host=host or "127.0.0.1",
-            port=int(port),
-            interval=interval,
-            speed=args.speed,
-            duration=duration,
-            live=live,
-            out=sys.stdout,
+    # Logs go to stderr, never among the screen's or the plain lines; at warning level by
+    # default, since a demo's info events (sources coming up) are noise to a first-time user.
+    # On a terminal that also shows the live screen, stderr is that screen: hold the lines
+    # back and print them once the screen stops, rather than tear it between redraws.
+    held = HeldLines() if live and sys.stderr.isatty() else None
+    configure(settings.log_level, settings.log_format, held if held is not None else sys.stderr)
+    try:
+        return asyncio.run(
+            demo(
+                scenario_name=args.scenario,
+                sim=Simulation(scenario, start_time=time.time()),
+                host=settings.listen_host or "127.0.0.1",
+                port=settings.listen_port,
+                interval=settings.poll_interval_seconds,
+                speed=args.speed,
+                duration=duration,
+                live=live,
+                out=sys.stdout,
+            )
         )
-    )
+    finally:
+        if held is not None:
+            sys.stderr.write(held.text())
+
+
+class HeldLines(io.StringIO):
+    """Log lines kept while the live screen is up, the last ``MAX_HELD`` of them."""
+
+    MAX_HELD = 200
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lines: collections.deque[str] = collections.deque(maxlen=self.MAX_HELD)
+
+    def write(self, text: str) -> int:
+        self._lines.extend(line for line in text.splitlines() if line)
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self._lines)
 
 
 async def demo(
@@ -96,26 +160,13 @@ async def demo(
     await sim_site.start()
     vllm_url = f"http://127.0.0.1:{_port(sim_site)}"
 
-    plan = sim.sizing.plan
-    config = Config(
-        vllm_url=vllm_url,
-        listen_host=host,
-        listen_port=port,
-        poll_interval_seconds=interval,
-        vllm_timeout_seconds=min(1.5, interval / 2),
-        model_path=sim.sizing.model_name,
-        deployment=Deployment(
-            max_num_seqs=plan.max_num_seqs,
-            max_num_batched_tokens=plan.max_num_batched_tokens,
-            tensor_parallel_size=plan.request.tensor_parallel_size,
-        ),
-    )
-    nvml = SimulatedNvml(f"NVIDIA {sim.sizing.gpu.name}", sim.gpu_memory, os.getpid())
-    deps = PollerDeps(nvml=NvmlReader(nvml), find_processes=lambda _p: [])
+    config = sidecar_config(sim, vllm_url, host, port, interval)
+    deps = sidecar_deps(sim)
     app = sidecar_app(config, deps)
     runner = web.AppRunner(app, access_log=None, **HANDLER_LIMITS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
+    moved = ""
     try:
         await site.start()
     except OSError as e:
@@ -131,18 +182,11 @@ async def demo(
             await runner.cleanup()
             await sim_runner.cleanup()
             return 1
-        print(
-            f"kv-headroom demo: {host}:{port} is taken ({e.strerror}); "
-            f"listening on port {_port(site)} instead",
-            file=sys.stderr,
-        )
-    sidecar = f"http://{host}:{_port(site)}"
-    header = [
-        f"kv-headroom demo · scenario {scenario_name}: {sim.scenario.description.strip()}",
-        f"  simulated vLLM   {vllm_url}/metrics",
-        f"  sidecar metrics  {sidecar}/metrics",
-        f"  status page      {sidecar}/",
-    ]
+        moved = f"{host}:{port} is taken ({e.strerror}); listening on port {_port(site)} instead"
+        print(f"kv-headroom demo: {moved}", file=sys.stderr)
+    header = banner(scenario_name, sim, vllm_url, f"http://{host}:{_port(site)}", speed)
+    if moved:  # the live screen's first redraw wipes what stderr said
+        header.append(f"  note             {moved}")
     print("\n".join(header), file=out, flush=True)
 
     stop = asyncio.Event()
@@ -180,6 +224,30 @@ async def demo(
     return EXIT_OK
 
 
+def sidecar_config(sim: Simulation, vllm_url: str, host: str, port: int, interval: float) -> Config:
+    """The sidecar's settings against the simulated vLLM: what a deploy would set by hand."""
+    plan = sim.sizing.plan
+    return Config(
+        vllm_url=vllm_url,
+        listen_host=host,
+        listen_port=port,
+        poll_interval_seconds=interval,
+        vllm_timeout_seconds=min(1.5, TIMEOUT_SHARE * interval),
+        model_path=sim.sizing.model_name,
+        deployment=Deployment(
+            max_num_seqs=plan.max_num_seqs,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            tensor_parallel_size=plan.request.tensor_parallel_size,
+        ),
+    )
+
+
+def sidecar_deps(sim: Simulation, clock: Callable[[], float] = time.time) -> PollerDeps:
+    """The simulated GPU in place of NVML; no process scan (there is no vLLM process)."""
+    nvml = SimulatedNvml(f"NVIDIA {sim.sizing.gpu.name}", sim.gpu_memory, os.getpid())
+    return PollerDeps(clock=clock, nvml=NvmlReader(nvml), find_processes=lambda _p: [])
+
+
 def _port(site: web.TCPSite) -> int:
     server = site._server
     assert server is not None
@@ -197,14 +265,32 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "–" if value is None else f"{value:,.0f}{unit}"
 
 
+def banner(
+    scenario_name: str, sim: Simulation, vllm_url: str, sidecar: str, speed: float
+) -> list[str]:
+    """What is running and where to look, printed once above the live screen."""
+    lines = [
+        f"kv-headroom demo · scenario {scenario_name}: {sim.scenario.description.strip()}",
+        f"  status page      {sidecar}/   ← risk, what limits the engine, history, capacity",
+        f"  sidecar metrics  {sidecar}/metrics",
+        f"  simulated vLLM   {vllm_url}/metrics",
+    ]
+    if speed == 1.0:
+        lines.append(
+            "  in a hurry?      kv-headroom demo --speed 5   (simulated time runs 5× faster)"
+        )
+    return lines
+
+
 def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
-    """The one-screen view: capacity, usage, headroom, preemptions, risk."""
+    """The one-screen view: the risk and what limits the engine first, then the numbers."""
     lines = [f"t = {elapsed:6.0f} s   simulated {sim.now:6.0f} s of {sim.scenario.duration:.0f} s"]
     plan = snap.expected
     if not snap.engines:
         lines.append("waiting for the first poll…")
         return "\n".join(lines)
     v = snap.engines[0]
+    lines += [risk_line(v), limit_line(v)]
     expected = f" (expected {plan.cap.num_blocks:,})" if plan else ""
     lines.append(
         f"capacity   {_fmt(v.num_blocks)} blocks × {v.block_size} = "
@@ -229,7 +315,6 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
             f" · {v.sequences_per_request:.1f} sequences per request"
         )
     lines.append(f"preempted  {v.preemptions_total:,.0f} times since the sidecar started")
-    lines.insert(1, risk_line(v))
     for g in snap.gpus:
         lines.append(
             f"GPU {g.index}      {g.used_bytes / 2**30:.1f} of {g.total_bytes / 2**30:.1f} GiB used"
@@ -246,11 +331,27 @@ def risk_line(v: EngineView) -> str:
     """The headline: how likely vLLM preempts soon, and when the cache would run out."""
     r = v.risk
     if r is None:
-        return "risk       – (no opinion yet)"
+        return "risk       – (no opinion yet: the model needs a few polls of history)"
     return (
         f"risk       {r.preemption_risk:4.2f}   exhaustion in {_seconds(r.seconds_to_exhaustion)}"
         f"   overcommit {r.overcommit_ratio:.2f}×"
     )
+
+
+def bottleneck(v: EngineView) -> tuple[str | None, str]:
+    """What limits the engine and the evidence, where this build's snapshot says.
+
+    Read with getattr: the fields arrive with the bottleneck model, and the demo and the
+    status page must work with a snapshot from before it as well as after.
+    """
+    return getattr(v, "bottleneck", None), str(getattr(v, "bottleneck_evidence", "") or "")
+
+
+def limit_line(v: EngineView) -> str:
+    what, why = bottleneck(v)
+    if what is None:
+        return "limited by –"
+    return f"limited by {what}" + (f" · {why}" if why else "")
 
 
 def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
@@ -260,9 +361,12 @@ def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     usage = (v.kv_usage or 0.0) * 100
     risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
     exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
+    what, why = bottleneck(v)
+    # The evidence is prose: quoted and last, so the line still splits on spaces before it.
+    because = f" why={json.dumps(why, ensure_ascii=False)}" if why else ""
     return (
         f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
-        f"usage={usage:.1f}% running={_fmt(v.running)} "
+        f"limit={what or '–'} usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "
-        f"preemptions={v.preemptions_total:.0f}"
+        f"preemptions={v.preemptions_total:.0f}{because}"
     )

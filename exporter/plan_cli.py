@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -14,13 +15,24 @@ from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.plan import Context, Plan, PlanRequest, WhatIf, plan, what_ifs
-from exporter.capacity.releases import DEFAULT_VERSION, release
+from exporter.capacity.releases import (
+    DEFAULT_VERSION,
+    NEWEST_KNOWN,
+    OLDEST_KNOWN,
+    format_version,
+    parse_version,
+    release,
+)
 from exporter.errors import InputError
 from exporter.sources.model_dir import load_catalogue, load_model
 
 EXIT_OK, EXIT_WONT_START, EXIT_BAD_INPUT = 0, 1, 2
 
 _QUANTILE_RE = re.compile(r"^(p\d{1,2}(?:\.\d+)?|mean|max)=(\d+)$")
+
+
+# vLLM's --block-size takes these (its BlockSize literal); anything else it refuses.
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
 
 def add_parser(sub: Any) -> None:
@@ -33,31 +45,101 @@ def add_parser(sub: Any) -> None:
             "1 when vLLM would refuse to start with these flags, 2 on bad input."
         ),
     )
-    p.add_argument("--model", help="config.json, a model dir, or a catalogue name")
-    p.add_argument("--gpu", default="H100-80GB", help="catalogue name, 'cpu', or memory (79.19GiB)")
-    p.add_argument("--vllm-version", default=DEFAULT_VERSION, help="release whose rules apply")
-    p.add_argument("--gpu-memory-utilization", type=float)
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="config.json, a model dir, or a catalogue name")
+    what.add_argument("--list-models", action="store_true", help="list the catalogue and exit")
+    what.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue and exit")
+    p.add_argument(
+        "--gpu",
+        default="H100-80GB",
+        type=_gpu,
+        help="catalogue name, 'cpu', or memory (79.19GiB)",
+    )
+    p.add_argument(
+        "--vllm-version",
+        metavar="VERSION",
+        default=DEFAULT_VERSION,
+        type=_version,
+        help=f"release whose rules apply, {format_version(OLDEST_KNOWN)} to "
+        f"{format_version(NEWEST_KNOWN)}",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        metavar="FRACTION",
+        type=_fraction,
+        help="fraction of GPU memory vLLM may use (default: the release's, 0.92 since 0.20)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        metavar="N",
+        type=_positive,
+        default=1,
+        help="GPUs per stage",
+    )
+    p.add_argument(
+        "--pipeline-parallel-size", "-pp", metavar="N", type=_positive, default=1, help="stages"
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        metavar="DTYPE",
+        help=f"one of {', '.join(KV_CACHE_DTYPES)}",
+    )
     p.add_argument("--dtype", default="auto", help="model dtype: auto, bfloat16, float16, float32")
-    p.add_argument("--quantization", "-q", help="online weight quantization (e.g. fp8)")
-    p.add_argument("--block-size", type=int)
-    p.add_argument("--max-model-len", type=_tokens)
-    p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-num-batched-tokens", type=_tokens)
-    p.add_argument("--kv-cache-memory-bytes", type=_size("--kv-cache-memory-bytes"))
-    p.add_argument("--num-gpu-blocks-override", type=int)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true")
+    p.add_argument(
+        "--quantization", "-q", metavar="METHOD", help="online weight quantization (e.g. fp8)"
+    )
+    p.add_argument(
+        "--block-size",
+        metavar="TOKENS",
+        type=_block_size,
+        help=f"tokens per block, one of {', '.join(map(str, BLOCK_SIZES))} "
+        "(default: 16, or what the model's attention backend needs)",
+    )
+    p.add_argument(
+        "--max-model-len", metavar="TOKENS", type=_tokens, help="default: the model's own"
+    )
+    p.add_argument(
+        "--max-num-seqs", metavar="N", type=_positive, help="default: the release's for the GPU"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        metavar="TOKENS",
+        type=_tokens,
+        help="default: the release's for the GPU",
+    )
+    p.add_argument(
+        "--kv-cache-memory-bytes",
+        metavar="BYTES",
+        type=_size("--kv-cache-memory-bytes"),
+        help="KV memory per GPU, given instead of a utilization",
+    )
+    p.add_argument(
+        "--num-gpu-blocks-override", metavar="N", type=_positive, help="blocks, as given to vLLM"
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="default: on, as in vLLM 0.28+",
+    )
+    p.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="one KV group for all layers, as vLLM's flag of that name",
+    )
     p.add_argument(
         "--weights-bytes",
+        metavar="BYTES",
         type=_size("--weights-bytes"),
         help="the whole checkpoint (split over TP × PP as vLLM loads it)",
     )
     p.add_argument(
         "--available-kv-bytes",
+        metavar="BYTES",
         type=_size("--available-kv-bytes"),
         help="vLLM's printed 'Available KV cache memory' (per GPU, first stage), e.g. 58.11GiB",
     )
@@ -65,21 +147,74 @@ def add_parser(sub: Any) -> None:
         "--context",
         action="append",
         default=[],
-        help="tokens per sequence: 2000, 2000,8000, or a distribution p50=1200,p95=4000",
+        help="tokens per sequence: 2000, 2000,8000, or a distribution p50=1200,p95=4000 "
+        "(default: max_model_len)",
     )
-    p.add_argument("--output", choices=("table", "json"), default="table")
+    p.add_argument("--output", choices=("table", "json"), default="table", help="table or json")
     p.add_argument("--no-what-if", action="store_true", help="skip the alternatives")
-    p.add_argument("--list-models", action="store_true", help="list the catalogue and exit")
-    p.add_argument("--list-gpus", action="store_true", help="list the GPU catalogue and exit")
     p.set_defaults(func=run)
 
 
 def _tokens(text: str) -> int:
     """``8192``, ``8k`` or ``128K`` (vLLM accepts the suffixes too)."""
     m = re.fullmatch(r"(\d+)([kK]?)", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a token count")
+    if not m or int(m.group(1)) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a token count; write e.g. 8192 or 8k")
     return int(m.group(1)) * (1024 if m.group(2) else 1)
+
+
+def _positive(text: str) -> int:
+    if not text.strip().isdecimal() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number greater than 0")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a fraction in (0, 1], e.g. 0.9")
+    return value
+
+
+def _block_size(text: str) -> int:
+    if not text.strip().isdecimal() or int(text) not in BLOCK_SIZES:
+        allowed = ", ".join(map(str, BLOCK_SIZES))
+        raise argparse.ArgumentTypeError(f"{text!r}: vLLM accepts only {allowed}")
+    return int(text)
+
+
+def _gpu(text: str) -> str:
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a GPU's memory must be greater than 0")
+    try:
+        lookup_gpu(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
+    return text
+
+
+def _version(text: str) -> str:
+    """A release whose sizing rules this build has read; anything else is refused.
+
+    Refused rather than flagged: a plan for an unknown release prints numbers that look as
+    sure as any other, and a note under the table is easy to miss. Asking for the nearest
+    known release by name is one flag away and says what was assumed.
+    """
+    try:
+        version = parse_version(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
+    if not OLDEST_KNOWN[:2] <= version[:2] <= NEWEST_KNOWN[:2]:
+        oldest, newest = format_version(OLDEST_KNOWN), format_version(NEWEST_KNOWN)
+        nearest = newest if version > NEWEST_KNOWN else oldest
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: this build knows the sizing rules of vLLM {oldest} to {newest}; "
+            f"to plan with the nearest, pass --vllm-version {nearest}"
+        )
+    return text
 
 
 def _size(flag: str) -> Any:
@@ -87,7 +222,7 @@ def _size(flag: str) -> Any:
         try:
             return parse_bytes(text, flag)
         except InputError as e:
-            raise argparse.ArgumentTypeError(e.problem) from None
+            raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
 
     return parse
 

@@ -35,6 +35,7 @@ from exporter.sources.cmdline import parse_flags as _parse_flags
 from exporter.sources.model_dir import ModelDirSource, ModelSource, load_model
 from exporter.sources.nvml import NvmlReader, NvmlSource
 from exporter.sources.vllm import VllmApi, VllmSource
+from exporter.trail import record
 
 
 def _read_flags(process: VllmProcess) -> Flags:
@@ -168,6 +169,7 @@ class Poller:
                 self._poll_failure = None
         self._report_limits(limited)
         self.snapshot, self.rendered = snapshot, rendered
+        record(self, snapshot)  # the status page's history chart (exporter/trail.py)
         self.polls += 1
         self.last_poll_end = self._deps.clock()
         return snapshot

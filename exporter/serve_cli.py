@@ -14,7 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.config import Config, ConfigError, describe, load_config
+from exporter.config import SPECS_BY_KEY, Config, ConfigError, check_paths, describe, load_config
+from exporter.config import _bool as _bool_parser
 from exporter.log import configure, get_logger
 from exporter.poller import PollerDeps
 from exporter.server import HANDLER_LIMITS, POLLER, create_app
@@ -23,59 +24,90 @@ from exporter.webconfig import WebConfigError, ssl_context
 
 EXIT_OK, EXIT_RUNTIME, EXIT_BAD_CONFIG = 0, 1, 2
 
-# argparse dest → dotted config key
-_FLAGS = {
-    "config_file": "config.file",
-    "vllm_url": "vllm.url",
-    "vllm_timeout": "vllm.timeout",
-    "web_listen_address": "web.listen_address",
-    "web_config_file": "web.config_file",
-    "poll_interval": "poll.interval",
-    "poll_window": "poll.window",
-    "model_path": "model.path",
-    "log_format": "log.format",
-    "log_level": "log.level",
-    "nvml_enabled": "nvml.enabled",
-}
+# The settings serve takes as flags; every other key is for the file or the environment.
+SERVE_FLAGS = (
+    "vllm.url",
+    "vllm.timeout",
+    "web.listen_address",
+    "web.config_file",
+    "poll.interval",
+    "poll.window",
+    "model.path",
+    "log.format",
+    "log.level",
+    "nvml.enabled",
+)
+_DEFAULTS = {key: value for key, value, _ in describe(Config())}
+
+
+def add_config_flag(p: argparse.ArgumentParser, key: str, *aliases: str, default: str = "") -> None:
+    """The flag for a config key, spelt as ``serve`` spells it, so every subcommand that
+    takes the setting speaks one vocabulary; ``aliases`` keep older spellings working."""
+    spec = SPECS_BY_KEY[key]
+    shown = default or _DEFAULTS[key]
+    help_text = f"{spec.help} (default: {shown})" if shown != "(not set)" else spec.help
+    dest = _dest(key)
+    if spec.parse is _bool_parser:
+        p.add_argument(
+            spec.flag,
+            dest=dest,
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=help_text,
+        )
+        return
+    p.add_argument(
+        spec.flag, *aliases, dest=dest, metavar=key.rpartition(".")[2].upper(), help=help_text
+    )
+
+
+def _dest(key: str) -> str:
+    return key.replace(".", "_")
+
+
+def config_flags(args: argparse.Namespace, keys: tuple[str, ...]) -> dict[str, object]:
+    return {key: getattr(args, _dest(key), None) for key in keys}
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
         help="run the sidecar next to a vLLM server",
-        description="Watch a vLLM server and export its KV-cache capacity, headroom and risk.",
-    )
-    p.add_argument("--config.file", dest="config_file", help="YAML configuration file")
-    p.add_argument("--vllm.url", dest="vllm_url", help="default http://127.0.0.1:8000")
-    p.add_argument("--vllm.timeout", dest="vllm_timeout", help="per request, e.g. 1.5s")
-    p.add_argument("--web.listen-address", dest="web_listen_address", help="default :9847")
-    p.add_argument(
-        "--web.config.file",
-        dest="web_config_file",
-        help="exporter-toolkit web config (TLS, basic auth), as node-exporter reads it",
-    )
-    p.add_argument("--poll.interval", dest="poll_interval", help="default 2s")
-    p.add_argument("--poll.window", dest="poll_window", help="context window, default 10m")
-    p.add_argument("--model.path", dest="model_path", help="model dir or config.json")
-    p.add_argument("--log.format", dest="log_format", help="json | console | auto")
-    p.add_argument("--log.level", dest="log_level", help="debug | info | warning | error")
-    p.add_argument(
-        "--nvml.enabled", dest="nvml_enabled", action=argparse.BooleanOptionalAction, default=None
+        description="Watch a vLLM server and export its KV-cache capacity, headroom and risk. "
+        "Each flag is also a key in the YAML file (--config.file) and a KV_HEADROOM_* variable; "
+        "flags win over the environment, which wins over the file.",
     )
     p.add_argument(
-        "--check-config", action="store_true", help="validate the configuration and exit"
+        "--config.file", dest="config_file", metavar="FILE", help="YAML configuration file"
+    )
+    for key in SERVE_FLAGS:
+        add_config_flag(p, key)
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration and the paths it names, print it, and exit",
     )
     p.set_defaults(func=run)
 
 
+def config_error(command: str, e: ConfigError) -> None:
+    """One line per problem, each naming the file, variable or flag it came from."""
+    for problem in e.problems:
+        print(f"kv-headroom {command}: {problem}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
-    flags = {key: getattr(args, dest) for dest, key in _FLAGS.items()}
+    flags = {"config.file": args.config_file, **config_flags(args, SERVE_FLAGS)}
     try:
         config = load_config(flags, os.environ)
     except ConfigError as e:
-        print(f"kv-headroom serve: {e}", file=sys.stderr)
+        config_error("serve", e)
         return EXIT_BAD_CONFIG
     if args.check_config:
+        problems = check_paths(config)
+        if problems:
+            config_error("serve", ConfigError(problems))
+            return EXIT_BAD_CONFIG
         rows = describe(config)
         width = max(len(key) for key, _, _ in rows)
         for key, value, source in rows:

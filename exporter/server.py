@@ -34,6 +34,7 @@ from exporter.config import Config
 from exporter.poller import Poller, PollerDeps
 from exporter.sources.vllm import VllmClient
 from exporter.status import status_page
+from exporter.trail import trail_of
 from exporter.webconfig import RateLimit, WebConfig, allowed_san
 
 # aiohttp's request handler limits, passed where the runner is made (serve, tests).
@@ -53,7 +54,9 @@ BASE_HEADERS = {
     "Cache-Control": "no-store",
 }
 # The status page has inline styles and nothing else: no scripts, frames or fetches.
-STATUS_CSP = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+# img-src data: for the history chart, an SVG the page carries in itself (no script runs in
+# an image); nothing is ever fetched from elsewhere.
+STATUS_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'none'"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 POLLER = web.AppKey("poller", Poller)
@@ -104,7 +107,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def index(request: web.Request) -> web.Response:
     poller = request.app[POLLER]
-    html = status_page(poller.snapshot, poller.config)
+    html = status_page(poller.snapshot, poller.config, trail_of(poller))
     resp = web.Response(text=html, content_type="text/html", charset="utf-8")
     resp.headers["Content-Security-Policy"] = STATUS_CSP
     return resp

@@ -24,6 +24,7 @@ from exporter.capacity.live import (
     context_tokens,
     ratio,
 )
+from exporter.capacity.memory import requested_memory
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
 from exporter.config import Deployment
@@ -356,7 +357,9 @@ def gpu_views(gpus: Sequence[GpuMemory], plan: Plan | None) -> tuple[GpuView, ..
             if plan.request.kv_cache_memory_bytes is not None:
                 footprint = stage.weights + stage.overhead + plan.request.kv_cache_memory_bytes
             else:
-                footprint = int(cuda_total * plan.utilization)
+                # Rounded as vLLM rounds its ceiling (up, from 0.14): int() here left a byte
+                # of vLLM's own memory counted as foreign on every GPU.
+                footprint = requested_memory(cuda_total, plan.utilization, plan.request.release)
             footprint += CUDA_CONTEXT_BYTES
             if not plan.request.release.subtracts_cudagraph_estimate and not (
                 plan.request.enforce_eager

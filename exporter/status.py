@@ -1,16 +1,29 @@
-"""The status page at ``/``: the whole chain with live numbers, for a human with
-``kubectl port-forward``. Every value that came from outside is HTML-escaped."""
+"""The status page at ``/``, for a human with ``kubectl port-forward``.
+
+It leads with what on-call needs (the preemption risk, time to exhaustion, headroom in
+sequences, what limits the engine, the last preemption), then a chart of the sidecar's own
+recent history drawn here as inline SVG (no JavaScript, nothing fetched; a terminal
+browser, which draws no SVG, gets the same history as text), then the capacity chain and
+the details. Where two figures on the page differ, a note says why. Every value that came
+from outside is HTML-escaped.
+"""
 
 from __future__ import annotations
 
+import base64
+import itertools
+import math
+from collections.abc import Callable, Sequence
 from html import escape
 
 from exporter import __version__
 from exporter.config import Config
-from exporter.snapshot import EngineView, Snapshot
+from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
+from exporter.trail import Trail, TrailPoint
 
 GIB = 1 << 30
+HIGH_RISK = 0.5  # the score at which the shipped warning alert starts its `for:`
 
 
 def _e(value: object) -> str:
@@ -28,8 +41,244 @@ def _gib(value: float | None) -> str:
     return "–" if value is None else f"{value / GIB:,.2f} GiB"
 
 
-def _rows(rows: list[tuple[str, str, str]]) -> str:
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _rows(rows: Sequence[tuple[str, str, str]]) -> str:
     return "".join(f"<tr><th>{_e(a)}</th><td>{_e(b)}</td><td>{_e(c)}</td></tr>" for a, b, c in rows)
+
+
+# -- the headline -----------------------------------------------------------------------------
+
+
+def _bottleneck(v: EngineView) -> tuple[str | None, str]:
+    """Read with getattr: the fields arrive with the bottleneck model, and this page must
+    work with snapshots from before it as well as after."""
+    return getattr(v, "bottleneck", None), str(getattr(v, "bottleneck_evidence", "") or "")
+
+
+def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
+    r = v.risk
+    if v.stale:
+        level, risk_text = "stale", "vLLM is not answering"
+        risk_why = "the figures below are the last vLLM gave"
+    elif r is None:
+        level, risk_text = "none", "no opinion yet"
+        risk_why = "the risk model needs a few polls of history"
+    else:
+        score = r.preemption_risk
+        level = "high" if score >= HIGH_RISK else "watch" if score >= HIGH_RISK / 2 else "ok"
+        risk_text = f"{score:.2f}"
+        risk_why = (
+            f"a ranking score 0–1, not a probability; the warning alert starts at {HIGH_RISK:g}"
+        )
+    exhaustion = "–"
+    exhaustion_why = ""
+    if r is not None and not v.stale:
+        if math.isinf(r.seconds_to_exhaustion):
+            exhaustion, exhaustion_why = "never", "usage is not heading for the cache's size"
+        else:
+            exhaustion = f"{r.seconds_to_exhaustion:,.0f} s"
+            exhaustion_why = "when the cache fills at the current trend, then vLLM preempts"
+    p50, p95 = v.contexts.get("p50"), v.contexts.get("p95")
+    free50, free95 = v.free_sequences.get("p50"), v.free_sequences.get("p95")
+    headroom = f"{_n(free50)} at p50 · {_n(free95)} at p95"
+    headroom_why = (
+        f"more sequences of the recent p50 ({_n(p50)} tokens) or p95 ({_n(p95)} tokens) "
+        "context that fit in the free cache now"
+    )
+    what, evidence = _bottleneck(v)
+    limit = what or "–"
+    limit_why = evidence or ("not assessed by this build" if what is None else "")
+    if trail is not None and trail.last_preemption is not None:
+        last = _ago(max(0.0, snap.time - trail.last_preemption))
+    elif v.preemptions_total > 0:
+        last = "before this page's history began"
+    else:
+        last = "none"
+    last_why = f"{v.preemptions_total:,.0f} since the sidecar started"
+    overcommit = "–" if r is None else f"{r.overcommit_ratio:.2f}×"
+    rows = [
+        ("preemption risk", risk_text, risk_why),
+        ("time to exhaustion", exhaustion, exhaustion_why),
+        ("headroom", headroom, headroom_why),
+        ("limited by", limit, limit_why),
+        ("last preemption", last, last_why),
+        ("overcommit", overcommit, "running sequences' expected growth ÷ free cache"),
+    ]
+    return (
+        f'<table class="now {level}"><tr><th class=big>{_e(rows[0][0])}</th>'
+        f"<td class=big>{_e(rows[0][1])}</td><td>{_e(rows[0][2])}</td></tr>"
+        f"{_rows(rows[1:])}</table>"
+    )
+
+
+# -- the history chart ------------------------------------------------------------------------
+
+CHART_W, PANEL_H, LEFT, RIGHT, GAP = 760, 70, 150, 10, 18
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def _span(points: Sequence[TrailPoint], now: float) -> float:
+    """15 minutes until the history is longer, then 30."""
+    return 900.0 if not points or now - points[0].time <= 900 else 1800.0
+
+
+def _path(
+    points: Sequence[TrailPoint],
+    value: Callable[[TrailPoint], float | None],
+    x: Callable[[float], float],
+    y: Callable[[float], float],
+) -> str:
+    """An SVG path through the points, broken where a value is missing."""
+    out, pen = [], "M"
+    for p in points:
+        v = value(p)
+        if v is None:
+            pen = "M"
+            continue
+        out.append(f"{pen}{x(p.time):.1f},{y(v):.1f}")
+        pen = "L"
+    return " ".join(out)
+
+
+def history_svg(points: Sequence[TrailPoint], now: float) -> str:
+    """Three panels over the last 15–30 minutes: KV tokens used against the cache's size,
+    the preemption risk, running and waiting sequences; a mark where vLLM preempted."""
+    span = _span(points, now)
+    inner = CHART_W - LEFT - RIGHT
+
+    def x(t: float) -> float:
+        return LEFT + max(0.0, min(1.0, 1 - (now - t) / span)) * inner
+
+    cap = max((p.capacity_tokens or 0 for p in points), default=0) or 1
+    seqs = max((max(p.running or 0, p.waiting or 0) for p in points), default=0) or 1
+    last = points[-1] if points else None
+    used_now = _n(last.used_tokens if last else None)
+    cap_now = _n(last.capacity_tokens if last else None)
+    panels: list[
+        tuple[str, str, float, list[tuple[Callable[[TrailPoint], float | None], str, str]]]
+    ]
+    panels = [
+        (
+            "KV cache tokens",
+            f"{used_now} of {cap_now}",
+            cap * 1.05,
+            [
+                (lambda p: p.capacity_tokens, "#888", "4 3"),
+                (lambda p: p.used_tokens, "#1f6fd1", ""),
+            ],
+        ),
+        (
+            "preemption risk",
+            _n(last.risk, 2) if last else "–",
+            1.0,
+            [(lambda p: p.risk, "#c62828", "")],
+        ),
+        (
+            "running / waiting",
+            f"{_n(last.running if last else None)} / {_n(last.waiting if last else None)}",
+            seqs * 1.1,
+            [(lambda p: p.running, "#2e7d32", ""), (lambda p: p.waiting, "#ef6c00", "")],
+        ),
+    ]
+    height = len(panels) * (PANEL_H + GAP) + 20
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{CHART_W}" height="{height}" '
+        f'viewBox="0 0 {CHART_W} {height}" role="img" font-family="sans-serif" font-size="12">',
+        "<title>the sidecar's history: KV tokens used, preemption risk, running and waiting "
+        "sequences</title>",
+    ]
+    for i, (title, current, top, series) in enumerate(panels):
+        y0 = i * (PANEL_H + GAP) + 4
+
+        def y(v: float, y0: float = y0, top: float = top) -> float:
+            return y0 + PANEL_H - max(0.0, min(1.0, v / top)) * PANEL_H
+
+        parts.append(
+            f'<rect x="{LEFT}" y="{y0}" width="{inner}" height="{PANEL_H}" fill="#fafafa" '
+            'stroke="#ddd"/>'
+        )
+        parts.append(f'<text x="4" y="{y0 + 14}" fill="#333">{_e(title)}</text>')
+        parts.append(f'<text x="4" y="{y0 + 32}" fill="#000" font-size="15">{_e(current)}</text>')
+        if title == "preemption risk":
+            yt = y(HIGH_RISK)
+            parts.append(
+                f'<line x1="{LEFT}" x2="{LEFT + inner}" y1="{yt:.1f}" y2="{yt:.1f}" '
+                'stroke="#c62828" stroke-opacity="0.4" stroke-dasharray="2 3"/>'
+            )
+            parts.append(
+                f'<text x="{LEFT - 4}" y="{yt + 4:.1f}" text-anchor="end" fill="#999">'
+                f"{HIGH_RISK:g}</text>"
+            )
+        for value, colour, dash in series:
+            d = _path(points, value, x, y)
+            if d:
+                dashed = f' stroke-dasharray="{dash}"' if dash else ""
+                parts.append(
+                    f'<path d="{d}" fill="none" stroke="{colour}" stroke-width="1.6"{dashed}/>'
+                )
+    bottom = len(panels) * (PANEL_H + GAP) - GAP + 4
+    for a, b in itertools.pairwise(points):
+        if b.preemptions_total > a.preemptions_total:
+            xb = x(b.time)
+            parts.append(
+                f'<line x1="{xb:.1f}" x2="{xb:.1f}" y1="4" y2="{bottom}" stroke="#7b1fa2" '
+                'stroke-opacity="0.35"/>'
+            )
+    for minutes in range(0, int(span // 60) + 1, 5):
+        xt = x(now - minutes * 60)
+        label = "now" if minutes == 0 else f"−{minutes} min"
+        parts.append(
+            f'<text x="{xt:.1f}" y="{bottom + 14}" text-anchor="middle" fill="#666">{label}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _spark(values: Sequence[float | None], top: float) -> str:
+    return "".join(
+        " "
+        if v is None
+        else SPARKS[min(len(SPARKS) - 1, int(max(0.0, v) / (top or 1) * len(SPARKS)))]
+        for v in values
+    )
+
+
+def history_text(points: Sequence[TrailPoint], now: float, width: int = 60) -> str:
+    """The same history as sparklines, for a browser that draws no SVG."""
+    span = _span(points, now)
+    buckets: list[TrailPoint | None] = [None] * width
+    for p in points:
+        i = int((1 - (now - p.time) / span) * (width - 1) + 0.5)
+        if 0 <= i < width:
+            buckets[i] = p
+    cap = max((p.capacity_tokens or 0 for p in points), default=0) or 1
+    seqs = max((max(p.running or 0, p.waiting or 0) for p in points), default=0) or 1
+
+    def line(name: str, get: Callable[[TrailPoint], float | None], top: float, now_: str) -> str:
+        values = [get(b) if b is not None else None for b in buckets]
+        return f"{name:<11} {_spark(values, top)}  {now_}"
+
+    last = points[-1] if points else None
+    minutes = f"the last {span / 60:.0f} min, oldest left"
+    return "\n".join(
+        [
+            f"{'':<11} {minutes}",
+            line("KV tokens", lambda p: p.used_tokens, cap, _n(last.used_tokens if last else None)),
+            line("risk", lambda p: p.risk, 1.0, _n(last.risk, 2) if last else "–"),
+            line("running", lambda p: p.running, seqs, _n(last.running if last else None)),
+            line("waiting", lambda p: p.waiting, seqs, _n(last.waiting if last else None)),
+        ]
+    )
+
+
+# -- the capacity chain and the details -------------------------------------------------------
 
 
 def _chain(snap: Snapshot) -> list[tuple[str, str, str]]:
@@ -72,6 +321,60 @@ def _chain(snap: Snapshot) -> list[tuple[str, str, str]]:
     return rows
 
 
+def differences(snap: Snapshot) -> list[str]:
+    """Why two figures on this page that look like the same thing are not equal."""
+    out: list[str] = []
+    plan = snap.expected
+    v = snap.engines[0] if snap.engines else None
+    for g in snap.gpus:
+        if (
+            plan is not None
+            and plan.tightest.requested
+            and g.total_bytes != plan.request.gpu.total_bytes
+        ):
+            diff = g.total_bytes - plan.request.gpu.total_bytes
+            out.append(
+                f"GPU {g.index}'s total reads {_gib(g.total_bytes)} in the GPU table and "
+                f"{_gib(plan.request.gpu.total_bytes)} in the capacity chain: the table shows "
+                f"NVML's total, which {'includes' if diff > 0 else 'differs by'} "
+                f"{_gib(abs(diff))} the driver keeps for itself; vLLM sizes its cache from "
+                "CUDA's total, as the chain does."
+            )
+        if g.foreign_bytes:
+            out.append(
+                f"GPU {g.index}'s foreign memory ({_gib(g.foreign_bytes)}) is what it uses "
+                "beyond this vLLM's expected footprint (its ceiling plus the CUDA context), "
+                "not a sum of other processes: in a container NVML's process IDs are the "
+                "host's and cannot be matched to vLLM."
+            )
+    if v is None:
+        return out
+    if plan is not None and v.num_blocks is not None and v.num_blocks != plan.cap.num_blocks:
+        drift = v.num_blocks / plan.cap.num_blocks if plan.cap.num_blocks else math.nan
+        out.append(
+            f"vLLM made {v.num_blocks:,} blocks where {plan.cap.num_blocks:,} were expected "
+            f"({drift:.3f}×): the expected figure is this sidecar's model of vLLM's start-up "
+            "profile; the observed one is what vLLM reports. Alerts use the observed."
+        )
+    if plan is not None and v.budget_bytes is not None and v.budget_bytes != plan.kv_budget_bytes:
+        out.append(
+            f"The KV budget reads {_gib(plan.kv_budget_bytes)} expected and "
+            f"{_gib(v.budget_bytes)} observed: the expected one is the memory left for the "
+            "cache; the observed one is what vLLM says its cache holds, or its blocks × "
+            "bytes per block, which leaves out the remainder too small for a whole block."
+        )
+    if v.occupancy is not None and v.capacity_tokens is not None:
+        usable = v.occupancy.usable_blocks * v.occupancy.block_size
+        if usable != v.capacity_tokens:
+            out.append(
+                f"KV cache size ({v.capacity_tokens:,} tokens, as vLLM prints it) differs from "
+                f"used + free tokens ({usable:,}): vLLM keeps one block in reserve and "
+                "reports usage over the rest, and its printed size follows its own formula "
+                "for this release."
+            )
+    return out
+
+
 def _engine(v: EngineView) -> str:
     rows = [
         ("blocks (observed)", _n(v.num_blocks), f"block size {v.block_size}"),
@@ -111,42 +414,92 @@ def _engine(v: EngineView) -> str:
     return f"<h2>{_e(title)}</h2><table>{_rows(rows)}</table>"
 
 
-def status_page(snap: Snapshot, config: Config) -> str:
-    sources = _rows([(s.name, "up" if s.up else "down", s.error or "") for s in snap.sources])
+def _source_row(s: SourceState) -> tuple[str, str, str]:
+    if not s.up:
+        return s.name, "down", s.error or ""
+    if s.missing:
+        return s.name, "up, partial", f"missing: {', '.join(s.missing)}"
+    return s.name, "up", ""
+
+
+def _gpu_row(g: GpuView) -> tuple[str, str, str]:
+    return (
+        f"GPU {g.index} {g.name}",
+        f"{_gib(g.used_bytes)} used of {_gib(g.total_bytes)} (NVML)",
+        f"foreign {_gib(g.foreign_bytes)}",
+    )
+
+
+STYLE = """body{font:14px system-ui,sans-serif;margin:2em;max-width:62em;color:#222}
+table{border-collapse:collapse;margin-bottom:1em}
+th,td{padding:3px 10px;text-align:left;border-bottom:1px solid #e4e4e4;vertical-align:top}
+th{font-weight:500}td:nth-child(3){color:#666}
+.now{border-left:6px solid #bbb}.now th{white-space:nowrap}
+.now.ok{border-color:#2e7d32}.now.watch{border-color:#f9a825}
+.now.high{border-color:#c62828}.now .big{font-size:22px;font-weight:600}
+.note{color:#a60}.why li{color:#555;margin-bottom:.3em}
+pre.text-chart{display:none}"""
+
+
+def status_page(snap: Snapshot, config: Config, trail: Trail | None = None) -> str:
+    sources = _rows([_source_row(s) for s in snap.sources])
+    lacking = [
+        f"{s.name} answers without {', '.join(s.missing)}: what needs it is not shown"
+        for s in snap.sources
+        if s.up and s.missing
+    ]
     flags = _rows(
         [
             (k, str(v), snap.deployment.origin.get(k, ""))
             for k, v in sorted(snap.deployment.values.items())
         ]
     )
-    gpus = _rows(
-        [
-            (
-                f"GPU {g.index} {g.name}",
-                f"{_gib(g.used_bytes)} of {_gib(g.total_bytes)}",
-                f"foreign {_gib(g.foreign_bytes)}",
-            )
-            for g in snap.gpus
-        ]
-    )
+    gpus = _rows([_gpu_row(g) for g in snap.gpus])
     engines = "".join(_engine(v) for v in snap.engines)
-    notes = "".join(f"<p class=note>{_e(n)}</p>" for n in snap.notes)
+    notes = "".join(f"<p class=note>{_e(n)}</p>" for n in (*snap.notes, *lacking))
+    if snap.engines:
+        headline = _headline(snap.engines[0], snap, trail)
+    else:
+        headline = "<p class=note>waiting for vLLM to answer /metrics</p>"
+    points = trail.points() if trail is not None else ()
+    if points:
+        # The SVG is the background of a box, not markup in the page: a terminal browser
+        # applies no style, so it neither draws it nor spills the SVG's labels into the text
+        # as one run-on line; it shows the text copy below instead, which a browser that
+        # draws the picture hides by style.
+        svg = history_svg(points, snap.time)
+        svg64 = base64.b64encode(svg.encode()).decode()
+        height = svg.split('height="', 1)[1].split('"', 1)[0]
+        chart = (
+            f"<h2>the last {_span(points, snap.time) / 60:.0f} minutes</h2>"
+            f'<figure><div class=chart role=img aria-label="the history below, drawn" '
+            f'style="width:{CHART_W}px;height:{height}px;'
+            f'background:url(data:image/svg+xml;base64,{svg64}) no-repeat"></div>'
+            f"<pre class=text-chart>{_e(history_text(points, snap.time))}</pre>"
+            "<figcaption>blue: KV tokens held, dashed grey: the cache's usable size; red: "
+            "preemption risk; green: running, orange: waiting; purple marks: preemptions"
+            "</figcaption></figure>"
+        )
+    else:
+        chart = ""
+    why = "".join(f"<li>{_e(d)}</li>" for d in differences(snap))
+    why_html = f"<h2>why these numbers differ</h2><ul class=why>{why}</ul>" if why else ""
     refresh = max(1, round(config.poll_interval_seconds))
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh}">
 <title>kv-headroom · {_e(snap.model_name or "vLLM")}</title>
-<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:70em}}
-table{{border-collapse:collapse;margin-bottom:1em}}
-th,td{{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}}
-th{{font-weight:500}}.note{{color:#a60}}</style></head><body>
+<style>{STYLE}</style></head><body>
 <h1>kv-headroom · {_e(snap.model_name or "model unknown")}</h1>
 <p>vLLM {_e(redact(config.vllm_url))} · poll every {config.poll_interval_seconds:g}s · last poll
 {snap.poll_duration_seconds * 1000:.1f} ms · <a href="/metrics">/metrics</a></p>
 {notes}
-<h2>sources</h2><table>{sources}</table>
+{headline}
+{chart}
 <h2>capacity chain</h2><table>{_rows(_chain(snap))}</table>
-{engines}
 <h2>GPUs</h2><table>{gpus or "<tr><td>no GPU data</td></tr>"}</table>
+{why_html}
+{engines}
+<h2>sources</h2><table>{sources}</table>
 <h2>deployment flags</h2><table>{flags}</table>
 <p>kv-headroom {_e(__version__)}</p>
 </body></html>

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.config import Config, ConfigError, Deployment, describe, load_config
+from exporter.cli import main
+from exporter.config import Config, ConfigError, Deployment, check_paths, describe, load_config
 
 NO_FLAGS: dict[str, object | None] = {}
 
@@ -438,3 +440,73 @@ def test_any_file_content_gives_a_config_or_a_config_error(
     except ConfigError as e:
         problems = e.problems
     assert all(p and "\n" not in p for p in problems)
+
+
+def test_the_default_timeout_follows_a_short_poll_interval() -> None:
+    config = load_config({"poll.interval": "1s"}, {})
+    assert config.vllm_timeout_seconds == 0.75
+    assert config.sources["vllm.timeout"] == "default"
+
+
+def test_a_long_poll_interval_keeps_the_default_timeout() -> None:
+    assert load_config({"poll.interval": "30s"}, {}).vllm_timeout_seconds == 1.5
+
+
+def test_check_paths_names_a_model_path_that_does_not_exist(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope")
+    config = load_config({"model.path": missing}, {})
+    assert check_paths(config) == [
+        f"--model.path: model.path = {missing!r}: no such file or directory"
+    ]
+
+
+def test_check_paths_accepts_a_model_dir(tmp_path: Path) -> None:
+    assert check_paths(load_config({"model.path": str(tmp_path)}, {})) == []
+
+
+def run_serve(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["serve", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_serve_check_config_refuses_a_missing_model_path_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_serve(capsys, "--check-config", "--model.path", "/nonexistent")
+    assert code == 2
+    assert out == ""
+    assert err == (
+        "kv-headroom serve: --model.path: model.path = '/nonexistent': no such file or directory\n"
+    )
+
+
+def test_serve_accepts_a_one_second_poll_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_serve(capsys, "--check-config", "--poll.interval", "1s")
+    assert code == 0
+    assert re.search(r"^vllm.timeout +750ms  \(default\)$", out, re.M)
+
+
+def test_serve_bad_flag_value_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_serve(capsys, "--check-config", "--poll.interval", "abc")
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert err.startswith("kv-headroom serve: --poll.interval: poll.interval = 'abc': ")
+
+
+def test_serve_unknown_flag_is_one_line_not_a_usage_dump(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_serve(capsys, "--poll-intervall", "1s")
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert "unrecognized arguments: --poll-intervall 1s" in err
+
+
+def test_serve_help_shows_each_flags_default(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_serve(capsys, "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "(default: http://127.0.0.1:8000)" in text
+    assert "(default: :9847)" in text
+    assert "(default: 2s)" in text

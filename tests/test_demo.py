@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
+import pytest
+
+from exporter.cli import main
+from exporter.demo_cli import HeldLines
 from tests.sidecar.conftest import unused_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_demo(python: str, seconds: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_demo(python: str, seconds: int, cwd: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    flags = flags or ("--web.listen-address", f"127.0.0.1:{unused_port()}", "--poll.interval", "1s")
     return subprocess.run(
-        [python, "-m", "exporter", "demo", "--duration", f"{seconds}s", "--plain",
-         "--listen", f"127.0.0.1:{unused_port()}", "--poll-interval", "1s"],
+        [python, "-m", "exporter", "demo", "--duration", f"{seconds}s", "--plain", *flags],
         capture_output=True, text=True, timeout=seconds + 60, check=False, cwd=cwd,
     )  # fmt: skip
 
@@ -31,6 +36,65 @@ def test_demo_runs_non_interactively_and_stops_by_itself() -> None:
     assert max(usages) > 0  # the simulated server is serving traffic
     assert proc.stdout.rstrip().endswith("stopped.")
     assert "Traceback" not in proc.stderr
+
+
+def test_demo_plain_lines_lead_with_the_risk_and_what_limits_the_engine() -> None:
+    proc = run_demo(sys.executable, 6, ROOT)
+    lines = [line for line in proc.stdout.splitlines() if "usage=" in line]
+    assert lines
+    assert all(re.match(r"t=\d+s sim=\d+s risk=\S+ exhaustion=\S+ limit=\S+ ", x) for x in lines)
+    assert any(re.search(r' why="[^"]+"$', x) for x in lines)  # the bottleneck's evidence
+
+
+def test_demo_logs_nothing_below_warning_by_default() -> None:
+    # Sources coming up are info events: on a terminal they would interleave with the lines.
+    proc = run_demo(sys.executable, 4, ROOT)
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+
+
+def test_demo_logs_at_the_level_asked_to_stderr_never_among_the_lines() -> None:
+    port = unused_port()
+    proc = run_demo(
+        sys.executable, 3, ROOT, "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "info"
+    )
+    assert "source_up" in proc.stderr
+    assert "source_up" not in proc.stdout
+
+
+def test_demo_keeps_the_old_flag_spellings_as_aliases() -> None:
+    proc = run_demo(
+        sys.executable, 3, ROOT, "--listen", f"127.0.0.1:{unused_port()}", "--poll-interval", "1s"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_demo_bad_flag_value_is_one_line_and_exit_2() -> None:
+    proc = run_demo(sys.executable, 3, ROOT, "--poll.interval", "0s")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "kv-headroom demo: --poll.interval: poll.interval = '0s': must be greater than 0\n"
+    )
+
+
+def test_demo_falls_back_to_a_free_port_when_its_own_is_taken_and_says_which() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_demo(sys.executable, 3, ROOT, "--web.listen-address", f"127.0.0.1:{port}")
+    assert proc.returncode == 0, proc.stderr
+    moved = re.search(
+        rf"127.0.0.1:{port} is taken .*; listening on port (\d+) instead", proc.stderr
+    )
+    assert moved
+    assert f"sidecar metrics  http://127.0.0.1:{moved.group(1)}/metrics" in proc.stdout
+    assert f"note             127.0.0.1:{port} is taken" in proc.stdout
+
+
+def test_demo_banner_suggests_a_faster_speed() -> None:
+    proc = run_demo(sys.executable, 2, ROOT)
+    assert "kv-headroom demo --speed 5" in proc.stdout
 
 
 def test_demo_works_in_a_fresh_venv_after_the_readme_install(tmp_path: Path) -> None:
@@ -47,3 +111,20 @@ def test_demo_works_in_a_fresh_venv_after_the_readme_install(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"preemptions=\d+", proc.stdout)
     assert proc.stdout.rstrip().endswith("stopped.")
+
+
+def test_demo_help_shows_defaults_and_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text
+    assert "(default: 127.0.0.1:9847)" in text
+    assert "(default: warning)" in text
+
+
+def test_log_lines_held_behind_the_live_screen_keep_the_latest() -> None:
+    held = HeldLines()
+    for i in range(HeldLines.MAX_HELD + 5):
+        held.write(f"event {i}\n")
+    lines = held.text().splitlines()
+    assert len(lines) == HeldLines.MAX_HELD
+    assert lines[-1] == f"event {HeldLines.MAX_HELD + 4}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -138,8 +139,33 @@ def test_vllm_refusing_to_start_exits_1_with_its_message(
         (["--model", "Llama-3.1-8B-Instruct", "--gpu", "Z9000"], "--gpu = 'Z9000': unknown GPU"),
         (
             ["--model", "Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "1.5"],
-            "--gpu-memory-utilization = 1.5: must be in (0, 1]",
+            "--gpu-memory-utilization = '1.5': must be a fraction in (0, 1]",
         ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "abc"],
+            "--gpu-memory-utilization = 'abc': must be a fraction in (0, 1]",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--max-model-len", "-5"],
+            "--max-model-len = '-5': not a token count",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gpu", "-80GB"],
+            "--gpu = '-80GB': a GPU's memory must be greater than 0",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--max-num-seqs", "0"],
+            "--max-num-seqs = '0': must be a whole number greater than 0",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--block-size", "7"],
+            "--block-size = '7': vLLM accepts only 1, 8, 16, 32, 64, 128",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--vllm-version", "9.9.9"],
+            "pass --vllm-version 0.33.0",
+        ),
+        (["--gpu", "L4"], "one of the arguments --model --list-models --list-gpus is required"),
         (
             ["--model", "Llama-3.1-8B-Instruct", "--tensor-parallel-size", "3"],
             "must divide the model's 32 attention heads",
@@ -207,3 +233,52 @@ def test_console_script_runs_without_a_traceback_on_bad_input(tmp_path: Path) ->
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "must hold a JSON object" in proc.stderr
+
+
+def test_the_sizing_rules_of_the_newest_known_release_apply_to_its_patch_releases(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_plan(capsys, "--model", "Llama-3.1-8B-Instruct", "--vllm-version", "0.33.4")
+    assert code == 0
+    assert "vLLM 0.33.4" in out
+
+
+def test_a_deployment_that_cannot_start_is_offered_the_longest_context_that_fits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_plan(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--output", "json"
+    )
+    doc = json.loads(out)
+    assert code == 1
+    longest = doc["startup_error"]["estimated_max_model_len"]
+    change = next(w for w in doc["what_if"] if w["change"].startswith("--max-model-len"))
+    assert change["change"] == f"--max-model-len {longest} (the longest)"
+    assert change["max_sequences"]["max_model_len"] >= 1  # it would start and serve one
+
+
+def test_a_closed_pipe_ends_plan_quietly_with_exit_0() -> None:
+    proc = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m exporter plan --model Llama-3.1-8B-Instruct | head -1;"
+        " exit ${PIPESTATUS[0]}",
+        shell=True,
+        executable="bash",
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.startswith("meta-llama/Llama-3.1-8B-Instruct on H100-80GB")
+
+
+def test_help_shows_defaults_and_marks_the_model_as_required(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_plan(capsys, "--help")
+    text = " ".join(out.split())  # argparse wraps to the terminal's width
+    assert code == 0
+    assert "(default: H100-80GB)" in text
+    assert "(default: 0.32.0)" in text
+    assert "(--model MODEL | --list-models | --list-gpus)" in text

@@ -508,8 +508,13 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
         rerun(f"--tensor-parallel-size {tp2}", tensor_parallel_size=tp2)
     else:
         out.append(WhatIf(f"--tensor-parallel-size {tp2}", None, f"{heads} heads do not split"))
-    shorter = base.max_model_len // 2
-    if shorter >= base.block_size:
+    failure = base.startup_failure
+    if failure is not None and 0 < failure.estimated_max_model_len < base.max_model_len:
+        # A deployment that cannot start needs the longest context that fits, not a guess:
+        # vLLM's own estimate, as its refusal prints it.
+        longest = failure.estimated_max_model_len
+        rerun(f"--max-model-len {longest} (the longest)", max_model_len=longest)
+    elif (shorter := base.max_model_len // 2) >= base.block_size:
         rerun(f"--max-model-len {shorter}", max_model_len=shorter)
     return tuple(out)
 

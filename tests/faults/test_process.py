@@ -179,7 +179,7 @@ def test_bad_config_file_exits_2_with_one_line_naming_file_key_and_value(
     proc = run_config(path)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    problems = [line for line in proc.stderr.splitlines() if line.startswith("  - ")]
+    problems = [line for line in proc.stderr.splitlines() if line.startswith("kv-headroom serve: ")]
     assert len(problems) == 1, proc.stderr
     assert str(path) in problems[0]
     for fragment in expected:

@@ -1,0 +1,197 @@
+"""The status page ``/``: the headline first, the sidecar's own history as a picture (and as
+text for a terminal browser), then the capacity chain, with every differing pair explained.
+
+Driven by the demo's own stack in-process: the simulated vLLM on 127.0.0.1, the sidecar's
+poller on a clock the test moves, so a few simulated minutes take a second or two.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from exporter.config import Config
+from exporter.demo_cli import sidecar_config, sidecar_deps
+from exporter.deployment import Resolved
+from exporter.poller import Poller
+from exporter.simulator.server import create_app as simulator_app
+from exporter.simulator.simulation import Simulation, load_scenario
+from exporter.snapshot import Snapshot
+from exporter.sources.vllm import VllmClient
+from exporter.status import status_page
+from exporter.trail import Trail, trail_of
+
+START = 1_800_000_000.0
+
+
+@dataclass
+class Stack:
+    sim: Simulation
+    poller: Poller
+    config: Config
+    now: float = START
+
+    async def run(self, seconds: float, every: float = 2.0) -> Snapshot:
+        end = self.now + seconds
+        while self.now < end:
+            self.now += every
+            self.sim.advance_to(self.now - START)
+            await self.poller.poll_once()
+        return self.poller.snapshot
+
+    def page(self) -> str:
+        return status_page(self.poller.snapshot, self.config, trail_of(self.poller))
+
+
+@pytest.fixture(name="demo")
+async def _demo() -> AsyncIterator[Callable[[str], Awaitable[Stack]]]:
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(scenario: str = "demo") -> Stack:
+        sim = Simulation(load_scenario(scenario), start_time=START)
+        # The simulation is moved by the test, not by the server's wall-clock task.
+        server = TestServer(simulator_app(sim, clock=lambda: 0.0), host="127.0.0.1")
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+        config = sidecar_config(sim, url, "127.0.0.1", 0, 2.0)
+        stack = Stack(sim, None, config)  # type: ignore[arg-type]
+        deps = sidecar_deps(sim, clock=lambda: stack.now)
+        session = aiohttp.ClientSession()
+        client = VllmClient(session, url, timeout_seconds=1.0, max_bytes=config.vllm_max_page_bytes)
+        stack.poller = Poller(config, client, deps)
+        cleanups.extend([server.close, session.close, stack.poller.close])
+        return stack
+
+    yield make
+    for cleanup in reversed(cleanups):
+        await cleanup()
+
+
+async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preemption(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    await stack.run(240)
+    html = stack.page()
+    order = [
+        "preemption risk</th>",
+        "<th>time to exhaustion</th>",
+        "<th>headroom</th>",
+        "<th>limited by</th>",
+        "<th>last preemption</th>",
+        "data:image/svg+xml",
+        "capacity chain</h2>",
+    ]
+    positions = [html.index(label) for label in order]
+    assert positions == sorted(positions)
+    assert re.search(r"<td class=big>\d\.\d\d</td>", html)  # the score itself, up front
+
+
+async def test_the_last_preemption_is_dated_once_vllm_has_preempted(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(300)
+    assert snap.engines[0].preemptions_total > 0
+    assert re.search(r"<th>last preemption</th><td>\d+ (s|min) ago</td>", stack.page())
+
+
+async def test_the_history_chart_is_an_svg_carried_in_the_page_with_nothing_fetched_or_run(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    await stack.run(120)
+    html = stack.page()
+    data = re.search(r"url\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", html)
+    assert data
+    svg = base64.b64decode(data.group(1)).decode()
+    assert svg.startswith("<svg")
+    assert svg.count("<path") >= 4  # capacity, used tokens, risk, running (waiting may be 0)
+    assert "<script" not in html
+    assert "<script" not in svg
+    assert not re.search(r"""(src|href)=["']?https?:""", html)  # no CDN, no remote font
+
+
+async def test_a_terminal_browser_gets_the_history_as_text(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    await stack.run(120)
+    text = re.search(r"<pre class=text-chart>(.*?)</pre>", stack.page(), re.S)
+    assert text
+    lines = text.group(1).splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["KV", "risk", "running", "waiting"]
+    assert any(ch in lines[1] for ch in "▂▃▄▅▆▇█")
+
+
+async def test_the_gpu_totals_of_the_chain_and_the_gpu_table_are_explained(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    await stack.run(4)
+    html = stack.page()
+    assert "in the GPU table and" in html
+    assert "the driver keeps for itself" in html
+
+
+async def test_the_demo_gpu_holds_no_foreign_memory_of_its_own_making(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(4)
+    assert [g.foreign_bytes for g in snap.gpus] == [0]
+
+
+async def test_the_bottleneck_and_its_evidence_are_shown(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(10)
+    view = replace(
+        snap.engines[0], bottleneck="kv_cache", bottleneck_evidence="3 waiting, 0 free blocks"
+    )
+    html = status_page(replace(snap, engines=(view,)), stack.config, Trail())
+    assert "<th>limited by</th><td>kv_cache</td><td>3 waiting, 0 free blocks</td>" in html
+
+
+async def test_a_source_that_answers_without_a_part_is_up_and_names_the_part(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(4)
+    sources = tuple(
+        replace(s, missing=("cache_config_info",)) if s.name == "vllm" else s for s in snap.sources
+    )
+    html = status_page(replace(snap, sources=sources), stack.config, Trail())
+    assert "<tr><th>vllm</th><td>up, partial</td><td>missing: cache_config_info</td></tr>" in html
+    assert "vllm answers without cache_config_info" in html
+
+
+def test_the_page_says_it_is_waiting_before_vllm_has_answered() -> None:
+    html = status_page(_empty_snapshot(), Config(), Trail())
+    assert "waiting for vLLM to answer /metrics" in html
+    assert "image/svg" not in html
+
+
+def _empty_snapshot() -> Snapshot:
+    return Snapshot(
+        time=START,
+        sources=(),
+        poll_duration_seconds=0.0,
+        deployment=Resolved(),
+        model_name=None,
+        attention_kind=None,
+        kv_bytes_per_token=None,
+        kv_bytes_per_token_source=None,
+        expected=None,
+        expected_note="",
+        engines=(),
+        gpus=(),
+        vllm_ready=False,
+    )
