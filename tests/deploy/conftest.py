@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -71,3 +72,62 @@ def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
 def sidecar_of(workload: dict[str, Any]) -> dict[str, Any]:
     (container,) = [c for c in pod_spec(workload)["containers"] if c["name"] == SIDECAR]
     return container
+
+
+# Directories that are inputs to other kustomizations, not something to apply: the default
+# Parameters object renders to nothing (kustomize drops local-config objects), and
+# apply-parameters renders the transformer that fills them in.
+PARAMETER_DIRS = ("parameters", "apply-parameters")
+
+
+def applicable_dirs() -> list[Path]:
+    """Kustomizations a user applies: neither components nor the parameter plumbing."""
+    return [
+        p
+        for p in kustomization_dirs()
+        if not is_component(p) and p.relative_to(KUBERNETES).as_posix() not in PARAMETER_DIRS
+    ]
+
+
+def overlay(tmp_path: Path, kustomization: dict[str, Any], files: dict[str, str]) -> Path:
+    """A user's kustomization in tmp_path: `<path>` in its entries stands for the repository
+    root (kustomize refuses absolute paths; a relative one works from anywhere)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    root = os.path.relpath(ROOT, tmp_path)
+    text = yaml.safe_dump(kustomization, sort_keys=False).replace("<path>", root)
+    (tmp_path / "kustomization.yaml").write_text(text)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    return tmp_path
+
+
+def vllm_deployment(name: str = "my-vllm", port: int = 8000, port_name: str | None = None) -> str:
+    """An existing vLLM Deployment as a user has it, annotated for the sidecar component."""
+    container_port: dict[str, Any] = {"containerPort": port, "protocol": "TCP"}
+    if port_name:
+        container_port["name"] = port_name
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "annotations": {"vllm-kv-headroom/inject": "true"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.32.0",
+                            "args": ["--model=/models/Qwen2.5-7B-Instruct", f"--port={port}",
+                                     "--served-model-name=qwen2.5-7b-instruct"],
+                            "ports": [container_port],
+                            "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                        }
+                    ],
+                    "volumes": [{"name": "models", "emptyDir": {}}],
+                },
+            },
+        },
+    }  # fmt: skip
+    return yaml.safe_dump(deployment, sort_keys=False)
