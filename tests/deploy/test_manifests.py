@@ -518,16 +518,27 @@ def test_plain_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: Path) -> None:
-    workload = by_name(with_components(tmp_path, "sidecar"), "Deployment", "vllm")
-    labels = workload["spec"]["template"]["metadata"]["labels"]
-    port = sidecar_of(workload)["ports"][0]["name"]
-    (job,) = [j for j in prometheus_config()["scrape_configs"] if "kubernetes_sd_configs" in j]
-    keeps = {
+def _keeps(job: dict[str, Any]) -> dict[str, str]:
+    return {
         r["source_labels"][0]: r["regex"]
         for r in job["relabel_configs"]
         if r.get("action") == "keep"
     }
+
+
+def _discovered_jobs() -> dict[str, dict[str, Any]]:
+    return {
+        j["job_name"]: j
+        for j in prometheus_config()["scrape_configs"]
+        if "kubernetes_sd_configs" in j
+    }
+
+
+def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: Path) -> None:
+    workload = by_name(with_components(tmp_path, "sidecar"), "Deployment", "vllm")
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    port = sidecar_of(workload)["ports"][0]["name"]
+    keeps = _keeps(_discovered_jobs()["kv-headroom"])
     # Prometheus turns every character of a label name that is not [a-zA-Z0-9_] into "_".
     meta = {
         "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v
@@ -538,12 +549,22 @@ def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: P
     assert keeps
 
 
+def test_plain_prometheus_scrapes_vllm_on_the_default_port_of_the_same_pods() -> None:
+    jobs = _discovered_jobs()
+    sidecar_keeps, vllm_keeps = _keeps(jobs["kv-headroom"]), _keeps(jobs["vllm"])
+    assert vllm_keeps.pop("__meta_kubernetes_pod_container_port_number") == "8000"
+    sidecar_keeps.pop("__meta_kubernetes_pod_container_port_name")
+    assert vllm_keeps == sidecar_keeps
+
+
 def test_plain_prometheus_job_names_match_the_rules_job_selectors() -> None:
+    """Sidecar jobs match the sidecar-down alerts' selector; vLLM's jobs must not."""
     selectors = re.findall(
         r'\bup\{job=~"([^"]+)"\}', json.dumps(rule_sources()).replace('\\"', '"')
     )
     if not selectors:
         pytest.skip("no rule selects the sidecar's up series by job")
     for job in prometheus_config()["scrape_configs"]:
+        name = job["job_name"]
         for selector in selectors:
-            assert re.fullmatch(selector, job["job_name"]), (job["job_name"], selector)
+            assert bool(re.fullmatch(selector, name)) == ("kv-headroom" in name), name
