@@ -5,6 +5,8 @@
   that mounts a volume of the pod and passes `serve --check-config`.
 - KServe: the ServingRuntime passes KServe's CRD schema, its sidecar equals the component's
   where it matters, and the PodMonitor scrapes KServe's port.
+- llm-d: the ModelService values pass the chart's schema, with the same sidecar, watching
+  vLLM rather than the routing proxy.
 """
 
 from __future__ import annotations
@@ -196,6 +198,55 @@ def test_kserve_podmonitor_scrapes_the_runtimes_vllm_port(kserve: list[dict[str,
 def test_kserve_sidecar_settings_pass_check_config(kserve: list[dict[str, Any]]) -> None:
     runtime = by_name(kserve, "ServingRuntime", "vllm-kv-headroom")
     sidecar = _sidecar(runtime["spec"]["containers"])
+    env = {e["name"]: e["value"] for e in sidecar["env"] if e["name"] != "KV_HEADROOM_MODEL_PATH"}
+    proc = check_config(sidecar["args"], env)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- llm-d ------------------------------------------------------------------------------
+
+
+def llm_d_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((RECIPES / "llm-d" / "values.yaml").read_text())
+    return values
+
+
+def test_llm_d_values_pass_the_charts_schema() -> None:
+    schema = json.loads((FIXTURES / "llm-d" / "values.schema.json").read_text())
+    jsonschema.validate(llm_d_values(), schema)
+
+
+def test_llm_d_sidecar_equals_the_component_sidecar(tmp_path: Path) -> None:
+    ours = _sidecar(llm_d_values()["decode"]["containers"])
+    theirs = component_sidecar(tmp_path)
+    assert not [k for k in SAME_AS_COMPONENT if k != "args" and ours.get(k) != theirs.get(k)]
+    rest = [a for a in ours["args"] if not a.startswith("--vllm.url=")]
+    assert rest == [a for a in theirs["args"] if not a.startswith("--vllm.url=")]
+
+
+def test_llm_d_sidecar_watches_vllm_not_the_routing_proxy() -> None:
+    containers = llm_d_values()["decode"]["containers"]
+    vllm = next(c for c in containers if c["name"] == "vllm")
+    url = next(a for a in _sidecar(containers)["args"] if a.startswith("--vllm.url="))
+    (port,) = [p["containerPort"] for p in vllm["ports"]]
+    assert url == f"--vllm.url=http://127.0.0.1:{port}"
+    assert f"--port={port}" in vllm["args"]
+
+
+def test_llm_d_podmonitor_selects_the_pods_and_scrapes_vllms_port() -> None:
+    values = llm_d_values()
+    monitor = by_name(kustomize(RECIPES / "llm-d"), "PodMonitor", "vllm-kv-headroom")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= (
+        values["modelArtifacts"]["labels"].items()
+    )
+    vllm = next(c for c in values["decode"]["containers"] if c["name"] == "vllm")
+    assert (
+        monitor["spec"]["podMetricsEndpoints"][1]["targetPort"] == vllm["ports"][0]["containerPort"]
+    )
+
+
+def test_llm_d_sidecar_settings_pass_check_config() -> None:
+    sidecar = _sidecar(llm_d_values()["decode"]["containers"])
     env = {e["name"]: e["value"] for e in sidecar["env"] if e["name"] != "KV_HEADROOM_MODEL_PATH"}
     proc = check_config(sidecar["args"], env)
     assert proc.returncode == 0, proc.stderr
