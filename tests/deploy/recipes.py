@@ -50,18 +50,37 @@ def set_parameters(kustomization: dict[str, Any], **values: Any) -> dict[str, An
     return kustomization
 
 
+OPEN_POLICY = "networkpolicy"  # for pods no policy selected before
+SIDECAR_ONLY_POLICY = "networkpolicy-sidecar-only"  # for pods your policies already select
+
+# A restriction a user may already have: vLLM's port only from the API gateway's namespace.
+USER_POLICY = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: my-vllm-from-gateway-only}
+spec:
+  podSelector: {matchLabels: {app: my-vllm}}
+  policyTypes: [Ingress]
+  ingress:
+    - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: gateway}}}]
+"""
+
+
 @dataclass(frozen=True)
 class Combination:
-    """One documented way to deploy: monitor kind, NetworkPolicy or not, Parameters."""
+    """One documented way to deploy: monitor kind, which NetworkPolicy (if any), whether the
+    user's own policy already selects the vLLM pods, and the Parameters."""
 
     monitor: str  # podmonitor | servicemonitor
-    networkpolicy: bool
+    policy: str | None  # None, OPEN_POLICY or SIDECAR_ONLY_POLICY
     parameters: tuple[tuple[str, Any], ...]  # () = the defaults
+    user_policy: bool = False
 
     @property
     def id(self) -> str:
         params = "custom" if self.parameters else "defaults"
-        return f"{self.monitor}-{'netpol' if self.networkpolicy else 'no-netpol'}-{params}"
+        user = "-user-policy" if self.user_policy else ""
+        return f"{self.monitor}-{self.policy or 'no-policy'}{user}-{params}"
 
     @property
     def vllm_port(self) -> int:
@@ -79,10 +98,13 @@ CUSTOM = (
 
 
 def combinations() -> Iterator[Combination]:
-    for monitor, netpol, params in itertools.product(
-        ("podmonitor", "servicemonitor"), (False, True), ((), CUSTOM)
-    ):
-        yield Combination(monitor, netpol, params)
+    """Every combination deploy/README.md documents: no policy (with or without one of the
+    user's own), the open policy where none was, the sidecar-only one where one was."""
+    for monitor, params in itertools.product(("podmonitor", "servicemonitor"), ((), CUSTOM)):
+        yield Combination(monitor, None, params)
+        yield Combination(monitor, None, params, user_policy=True)
+        yield Combination(monitor, OPEN_POLICY, params)
+        yield Combination(monitor, SIDECAR_ONLY_POLICY, params, user_policy=True)
 
 
 def render_combination(tmp_path: Path, combo: Combination) -> list[dict[str, Any]]:
@@ -93,10 +115,13 @@ def render_combination(tmp_path: Path, combo: Combination) -> list[dict[str, Any
         r.replace("/podmonitor", f"/{combo.monitor}") if "deploy/kubernetes" in r else r
         for r in recipe["resources"]
     ]
-    if combo.networkpolicy:
-        recipe["resources"].append("<path>/deploy/kubernetes/networkpolicy")
+    files = {"my-vllm.yaml": vllm_deployment(port=combo.vllm_port)}
+    if combo.policy:
+        recipe["resources"].append(f"<path>/deploy/kubernetes/{combo.policy}")
+    if combo.user_policy:
+        recipe["resources"].append("user-policy.yaml")
+        files["user-policy.yaml"] = USER_POLICY
     recipe["namespace"] = "llm"
     if combo.parameters:
         set_parameters(recipe, **dict(combo.parameters))
-    files = {"my-vllm.yaml": vllm_deployment(port=combo.vllm_port)}
     return kustomize(overlay(tmp_path / combo.id, recipe, files))

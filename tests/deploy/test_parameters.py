@@ -11,7 +11,13 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import KUBERNETES, kustomize
-from tests.deploy.recipes import CUSTOM, Combination, render_combination
+from tests.deploy.recipes import (
+    CUSTOM,
+    OPEN_POLICY,
+    SIDECAR_ONLY_POLICY,
+    Combination,
+    render_combination,
+)
 from tests.deploy.test_manifests import (
     K8S_VERSIONS,
     OPERATOR_KINDS,
@@ -36,12 +42,13 @@ def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
         if kind == "Service" and o["metadata"]["name"] == "vllm-kv-headroom":
             (port,) = [p for p in spec["ports"] if p["name"] == "vllm"]
             out["vllmPort"] |= {port["port"], port["targetPort"]}
-        if kind == "NetworkPolicy":
-            sidecar_rule, vllm_rule, _ = spec["ingress"]
+        if kind == "NetworkPolicy" and o["metadata"]["name"].startswith("vllm-kv-headroom"):
+            sidecar_rule, *rest = spec["ingress"]
+            if rest:  # the open policy: vLLM's port, then every other port
+                out["vllmPort"].add(rest[0]["ports"][0]["port"])
             (peer,) = sidecar_rule["from"]
             (ns,) = peer["namespaceSelector"]["matchExpressions"]
             (pod,) = peer["podSelector"]["matchExpressions"]
-            out["vllmPort"].add(vllm_rule["ports"][0]["port"])
             out["prometheusNamespace"].update(ns["values"])
             out["prometheusPodLabel"].add(pod["key"])
             out["prometheusPodLabelValue"].update(pod["values"])
@@ -49,28 +56,29 @@ def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
 
 
 @pytest.mark.parametrize("monitor", ["podmonitor", "servicemonitor"])
-def test_custom_parameters_reach_every_object(tmp_path: Path, monitor: str) -> None:
-    objects = render_combination(tmp_path, Combination(monitor, True, CUSTOM))
+@pytest.mark.parametrize("policy", [OPEN_POLICY, SIDECAR_ONLY_POLICY])
+def test_custom_parameters_reach_every_object(tmp_path: Path, monitor: str, policy: str) -> None:
+    objects = render_combination(tmp_path, Combination(monitor, policy, CUSTOM))
     assert parameter_values(objects) == {k: {v} for k, v in CUSTOM}
 
 
 def test_files_carry_the_default_parameters() -> None:
     objects = [
         o
-        for path in ("podmonitor", "servicemonitor", "networkpolicy")
+        for path in ("podmonitor", "servicemonitor", OPEN_POLICY, SIDECAR_ONLY_POLICY)
         for o in kustomize(KUBERNETES / path)
     ]
     assert parameter_values(objects) == {k: {v} for k, v in DEFAULTS.items()}
 
 
 def test_parameters_never_reach_the_cluster(tmp_path: Path) -> None:
-    objects = render_combination(tmp_path, Combination("podmonitor", True, CUSTOM))
+    objects = render_combination(tmp_path, Combination("podmonitor", OPEN_POLICY, CUSTOM))
     assert "Parameters" not in {o["kind"] for o in objects}
 
 
 @pytest.mark.parametrize("monitor", ["podmonitor", "servicemonitor"])
 def test_recipe_with_custom_parameters_is_valid(tmp_path: Path, monitor: str) -> None:
-    for obj in render_combination(tmp_path, Combination(monitor, True, CUSTOM)):
+    for obj in render_combination(tmp_path, Combination(monitor, OPEN_POLICY, CUSTOM)):
         if obj["kind"] in OPERATOR_KINDS:
             validate_operator_object(obj)
         else:
