@@ -2,10 +2,10 @@
 
 No registry and no Docker daemon here: the base is a root filesystem built from Debian's
 packages (mmdebstrap, python3 and its venv module), the wheels are built on the host, and
-podman builds offline (`--network none`, WHEELS=offline). The container then runs with the
-rendered sidecar container's arguments, environment and securityContext (read-only root,
-no capabilities, no privilege escalation, the image's own non-root user) next to the
-simulated vLLM, and must serve /healthz, /readyz and /metrics.
+podman builds offline (`--network none`, WHEELS=offline). The container then runs as
+deploy/README.md's recipe renders the sidecar: its arguments, environment and
+securityContext (read-only root, no capabilities, no privilege escalation, the image's own
+non-root user), next to the simulated vLLM, and must serve /healthz, /readyz and /metrics.
 
 Flags every podman call needs on these machines (../shared/reference/containers-here.md):
 runc, because crun refuses the kernel's hybrid cgroups, and explicit ulimits, because the
@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import DEPLOY, KUBERNETES, ROOT, kustomize, sidecar_of
+from tests.deploy.conftest import DEPLOY, ROOT, kustomize, overlay, sidecar_of, vllm_deployment
+from tests.deploy.recipes import readme_recipe
 from tests.processes import free_port, http_get
 
 pytestmark = pytest.mark.slow
@@ -111,8 +112,11 @@ def _context(workdir: Path) -> Path:
 
 
 def rendered_sidecar() -> dict[str, Any]:
-    """The sidecar container as the example renders it, environment resolved."""
-    objects = kustomize(KUBERNETES / "example")
+    """The sidecar container as deploy/README.md's recipe for an existing Deployment renders
+    it, environment resolved."""
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"my-vllm.yaml": vllm_deployment()}
+        objects = kustomize(overlay(Path(tmp) / "recipe", readme_recipe(), files))
     (workload,) = [o for o in objects if o["kind"] == "Deployment"]
     container = sidecar_of(workload)
     configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
