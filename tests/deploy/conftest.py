@@ -101,11 +101,10 @@ def overlay(tmp_path: Path, kustomization: dict[str, Any], files: dict[str, str]
     return tmp_path
 
 
-def vllm_deployment(name: str = "my-vllm", port: int = 8000, port_name: str | None = None) -> str:
-    """An existing vLLM Deployment as a user has it, annotated for the sidecar component."""
+def vllm_deployment(name: str = "my-vllm", port: int = 8000) -> str:
+    """An existing vLLM Deployment as a user has it, annotated for the sidecar component; its
+    container port unnamed, as in vLLM's own Kubernetes example."""
     container_port: dict[str, Any] = {"containerPort": port, "protocol": "TCP"}
-    if port_name:
-        container_port["name"] = port_name
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
