@@ -6,11 +6,14 @@ with the rendered container's arguments and environment, every second, with rule
 
 Every recording rule and every dashboard panel must return data with the dashboard
 variables set to what the sidecar reports (so vLLM's series carry the same namespace, pod
-and model as the sidecar's), and the vLLM-only alerts' join must find the sidecar.
+and model as the sidecar's), and the vLLM-only alerts' join must find the sidecar. Two more
+Prometheus runs scrape the same pod through the ServiceMonitor variant and through
+deploy/prometheus/prometheus.yml, and must find both endpoints under their own jobs.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -26,7 +29,12 @@ import yaml
 from dashboards.generate import panel_queries, runnable
 from tests.deploy.conftest import kubectl_problem, kustomize, overlay, sidecar_of, vllm_deployment
 from tests.deploy.recipes import readme_recipe, set_parameters
-from tests.integration.kubernetes_scrape import pod_targets, podmonitor_scrape_configs
+from tests.integration.kubernetes_scrape import (
+    endpoint_targets,
+    pod_targets,
+    podmonitor_scrape_configs,
+    servicemonitor_scrape_configs,
+)
 from tests.processes import ROOT, RULES, Prometheus, Sidecar
 
 NAMESPACE = "llm"
@@ -75,10 +83,12 @@ def _simulator() -> tuple[subprocess.Popen[str], int]:
     return proc, int(line.split()[1])
 
 
-def _render(tmp: Path, vllm_port: int) -> list[dict[str, Any]]:
+def _render(tmp: Path, vllm_port: int, monitor: str = "podmonitor") -> list[dict[str, Any]]:
     """The README's recipe, vLLM listening on the simulator's port (vLLM's --port, and
-    the Parameters' vllmPort, as the README says to set it)."""
+    the Parameters' vllmPort, as the README says to set it), with the PodMonitor or the
+    ServiceMonitor variant."""
     recipe = set_parameters(readme_recipe(), vllmPort=vllm_port)
+    recipe["resources"] = [r.replace("/podmonitor", f"/{monitor}") for r in recipe["resources"]]
     recipe["namespace"] = NAMESPACE
     files = {"my-vllm.yaml": vllm_deployment(port=vllm_port)}
     return kustomize(overlay(tmp, recipe, files))
@@ -118,12 +128,18 @@ def _sidecar(objects: list[dict[str, Any]], vllm_url: str) -> Sidecar:
     return sidecar
 
 
-def _scrape_config(objects: list[dict[str, Any]], sidecar_port: int) -> list[dict[str, Any]]:
-    (workload,) = [o for o in objects if o["kind"] == "Deployment"]
-    template = workload["spec"]["template"]
+def _pod_template(objects: list[dict[str, Any]], sidecar_port: int) -> dict[str, Any]:
+    """The rendered pod template, the sidecar's container port where this run's sidecar
+    listens (it shares the host's network with other runs, so not on 9847)."""
+    (workload,) = [o for o in copy.deepcopy(objects) if o["kind"] == "Deployment"]
     for port in sidecar_of(workload)["ports"]:
-        port["containerPort"] = sidecar_port  # where this run's sidecar listens
-    targets = pod_targets(template, NAMESPACE, POD)
+        port["containerPort"] = sidecar_port
+    template: dict[str, Any] = workload["spec"]["template"]
+    return template
+
+
+def _scrape_config(objects: list[dict[str, Any]], sidecar_port: int) -> list[dict[str, Any]]:
+    targets = pod_targets(_pod_template(objects, sidecar_port), NAMESPACE, POD)
     (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
     return podmonitor_scrape_configs(monitor, NAMESPACE, targets, interval="1s")
 
@@ -183,11 +199,7 @@ def _plain_scrape_configs(stack: Stack) -> list[dict[str, Any]]:
     """deploy/prometheus/prometheus.yml's discovered jobs, discovering the rendered pod, with
     vLLM's port set to where it listens (the edit its comment asks for); the static jobs
     name hosts that do not exist here and are left out."""
-    (workload,) = [o for o in stack.objects if o["kind"] == "Deployment"]
-    template = workload["spec"]["template"]
-    for port in sidecar_of(workload)["ports"]:
-        port["containerPort"] = stack.sidecar.port
-    targets = pod_targets(template, NAMESPACE, POD)
+    targets = pod_targets(_pod_template(stack.objects, stack.sidecar.port), NAMESPACE, POD)
     config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     jobs = []
     for job in config["scrape_configs"]:
@@ -201,20 +213,38 @@ def _plain_scrape_configs(stack: Stack) -> list[dict[str, Any]]:
     return jobs
 
 
-@pytest.fixture(scope="module")
-def plain_up(stack: Stack) -> dict[str, dict[str, str]]:
-    """job → the labels of its one `up` series, once both jobs are up."""
-    with _prometheus(_plain_scrape_configs(stack)) as prom:
+def _up_once_both_jobs_are(scrape_configs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """job → the labels of its one `up == 1` series, once two jobs are up (or time is out)."""
+    with _prometheus(scrape_configs) as prom:
         prom.start()
         deadline = time.monotonic() + WITHIN_S
         up: dict[str, dict[str, str]] = {}
         while time.monotonic() < deadline:
-            series = prom.query("up == 1")
-            up = {s["metric"]["job"]: s["metric"] for s in series}
+            up = {s["metric"]["job"]: s["metric"] for s in prom.query("up == 1")}
             if len(up) >= 2:
                 break
             time.sleep(1.0)
         return up
+
+
+@pytest.fixture(scope="module")
+def plain_up(stack: Stack) -> dict[str, dict[str, str]]:
+    return _up_once_both_jobs_are(_plain_scrape_configs(stack))
+
+
+@pytest.fixture(scope="module")
+def servicemonitor_up(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, str]]:
+    """The ServiceMonitor variant of the recipe: its Service's endpoints for the same pod."""
+    objects = _render(tmp_path_factory.mktemp("servicemonitor"), stack.vllm_port, "servicemonitor")
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    template = _pod_template(objects, stack.sidecar.port)
+    targets = endpoint_targets(service, template, NAMESPACE, POD)
+    return _up_once_both_jobs_are(
+        servicemonitor_scrape_configs(monitor, NAMESPACE, targets, interval="1s")
+    )
 
 
 def _panels() -> list[str]:
@@ -318,3 +348,13 @@ def test_plain_prometheus_config_scrapes_the_sidecar_and_vllm(
     }
     assert all(labels["namespace"] == NAMESPACE for labels in plain_up.values())
     assert all(labels["pod"] == POD for labels in plain_up.values())
+
+
+def test_servicemonitor_scrapes_the_sidecar_and_vllm_under_their_own_jobs(
+    servicemonitor_up: dict[str, dict[str, str]],
+) -> None:
+    assert {job: labels["container"] for job, labels in servicemonitor_up.items()} == {
+        "vllm-kv-headroom": "kv-headroom",
+        "vllm": "vllm",
+    }
+    assert all(labels["pod"] == POD for labels in servicemonitor_up.values())
