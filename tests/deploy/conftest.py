@@ -24,7 +24,7 @@ MIN_KUBECTL = (1, 21)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: builds a wheel and installs it with its dependencies (about a minute)"
+        "markers", "slow: builds wheels, or the image, and runs them (one to four minutes)"
     )
 
 
