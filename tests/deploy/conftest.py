@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ MIN_KUBECTL = (1, 21)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "slow: builds a wheel and installs it with its dependencies (about a minute)"
+        "markers", "slow: builds wheels, or the image, and runs them (one to four minutes)"
     )
 
 
@@ -72,3 +73,61 @@ def sidecar_of(workload: dict[str, Any]) -> dict[str, Any]:
     containers: list[dict[str, Any]] = pod_spec(workload)["containers"]
     (container,) = [c for c in containers if c["name"] == SIDECAR]
     return container
+
+
+# Directories that are inputs to other kustomizations, not something to apply: the default
+# Parameters object renders to nothing (kustomize drops local-config objects), and
+# apply-parameters renders the transformer that fills them in.
+PARAMETER_DIRS = ("parameters", "apply-parameters")
+
+
+def applicable_dirs() -> list[Path]:
+    """Kustomizations a user applies: neither components nor the parameter plumbing."""
+    return [
+        p
+        for p in kustomization_dirs()
+        if not is_component(p) and p.relative_to(KUBERNETES).as_posix() not in PARAMETER_DIRS
+    ]
+
+
+def overlay(tmp_path: Path, kustomization: dict[str, Any], files: dict[str, str]) -> Path:
+    """A user's kustomization in tmp_path: `<path>` in its entries stands for the repository
+    root (kustomize refuses absolute paths; a relative one works from anywhere)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    root = os.path.relpath(ROOT, tmp_path)
+    text = yaml.safe_dump(kustomization, sort_keys=False).replace("<path>", root)
+    (tmp_path / "kustomization.yaml").write_text(text)
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    return tmp_path
+
+
+def vllm_deployment(name: str = "my-vllm", port: int = 8000) -> str:
+    """An existing vLLM Deployment as a user has it, annotated for the sidecar component; its
+    container port unnamed, as in vLLM's own Kubernetes example."""
+    container_port: dict[str, Any] = {"containerPort": port, "protocol": "TCP"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "annotations": {"vllm-kv-headroom/inject": "true"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "vllm/vllm-openai:v0.32.0",
+                            "args": ["--model=/models/Qwen2.5-7B-Instruct", f"--port={port}",
+                                     "--served-model-name=qwen2.5-7b-instruct"],
+                            "ports": [container_port],
+                            "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                        }
+                    ],
+                    "volumes": [{"name": "models", "emptyDir": {}}],
+                },
+            },
+        },
+    }  # fmt: skip
+    return yaml.safe_dump(deployment, sort_keys=False)

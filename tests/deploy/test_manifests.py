@@ -26,6 +26,7 @@ from tests.deploy.conftest import (
     FIXTURES,
     KUBERNETES,
     ROOT,
+    applicable_dirs,
     is_component,
     kustomization_dirs,
     kustomize,
@@ -124,7 +125,7 @@ def by_name(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, An
 
 
 def renderable_dirs() -> list[Path]:
-    return [p for p in kustomization_dirs() if not is_component(p)]
+    return applicable_dirs()
 
 
 def all_rendered_objects(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -397,40 +398,55 @@ def test_podmonitor_selects_the_pods_the_component_labels() -> None:
     labels = by_name(objects, "Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
     monitor = by_name(objects, "PodMonitor", "vllm-kv-headroom")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= labels.items()
-    assert [e["port"] for e in monitor["podMetricsEndpoints"]] == ["kv-headroom"]
 
 
-def test_servicemonitor_reaches_the_sidecar_port_through_its_service() -> None:
+def test_podmonitor_scrapes_the_sidecar_and_vllm() -> None:
+    objects = rendered(EXAMPLE)
+    vllm = pod_spec(by_name(objects, "Deployment", "vllm"))["containers"][0]
+    endpoints = by_name(objects, "PodMonitor", "vllm-kv-headroom")["spec"]["podMetricsEndpoints"]
+    assert [e.get("port") for e in endpoints] == ["kv-headroom", None]
+    assert endpoints[1]["targetPort"] in [p["containerPort"] for p in vllm["ports"]]
+
+
+def test_vllm_endpoints_get_a_job_the_sidecar_down_alerts_do_not_select() -> None:
+    pod_monitor = by_name(rendered(EXAMPLE), "PodMonitor", "vllm-kv-headroom")
+    service_monitor = by_name(
+        rendered(KUBERNETES / "servicemonitor"), "ServiceMonitor", "vllm-kv-headroom"
+    )
+    (pod_job,) = pod_monitor["spec"]["podMetricsEndpoints"][1]["relabelings"]
+    (service_job,) = service_monitor["spec"]["endpoints"][1]["relabelings"]
+    assert pod_job["targetLabel"] == service_job["targetLabel"] == "job"
+    for job in (pod_job["replacement"].replace("$1", "llm"), service_job["replacement"]):
+        assert not re.fullmatch(".*kv-headroom.*", job), job
+
+
+def test_servicemonitor_reaches_the_sidecar_and_vllm_through_its_service() -> None:
     objects = rendered(KUBERNETES / "servicemonitor")
     service = by_name(objects, "Service", "vllm-kv-headroom")
     monitor = by_name(objects, "ServiceMonitor", "vllm-kv-headroom")["spec"]
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert [p["name"] for p in service["spec"]["ports"]] == ["kv-headroom"]
-    assert service["spec"]["ports"][0]["targetPort"] == "kv-headroom"
+    ports = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+    assert ports == {"kv-headroom": "kv-headroom", "vllm": 8000}
+    assert [e["port"] for e in monitor["endpoints"]] == ["kv-headroom", "vllm"]
     assert service["spec"]["selector"] == {"vllm-kv-headroom/sidecar": "true"}
 
 
-def test_networkpolicy_admits_only_prometheus_to_the_sidecar_port() -> None:
-    policy = by_name(rendered(EXAMPLE), "NetworkPolicy", "vllm-kv-headroom-allow-prometheus")
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"port": "kv-headroom", "protocol": "TCP"}]
-    (peer,) = rule["from"]  # one peer with both selectors: Prometheus pods in that namespace
-    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
-    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
-    assert policy["spec"]["podSelector"]["matchLabels"] == {"vllm-kv-headroom/sidecar": "true"}
-
-
-def test_example_keeps_vllm_reachable_under_the_network_policy() -> None:
+def test_example_names_the_gpu_so_expected_capacity_works() -> None:
     objects = rendered(EXAMPLE)
-    pod_labels = by_name(objects, "Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
-    allowed = [
-        rule["ports"]
-        for p in objects
-        if p["kind"] == "NetworkPolicy"
-        and p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
-        for rule in p["spec"]["ingress"]
-    ]
-    assert [{"port": "http", "protocol": "TCP"}] in allowed
+    env = container_env(objects, sidecar_of(by_name(objects, "Deployment", "vllm")))
+    proc = check_config([], {"KV_HEADROOM_DEPLOYMENT_GPU": env["KV_HEADROOM_DEPLOYMENT_GPU"]})
+    assert proc.returncode == 0, proc.stderr
+    assert env["KV_HEADROOM_NVML_ENABLED"] == "false"  # so the GPU must come from the name
+
+
+def test_example_labels_monitors_and_rules_for_kube_prometheus_stack() -> None:
+    labelled = {
+        o["kind"]: o["metadata"]["labels"].get("release")
+        for o in rendered(EXAMPLE)
+        if o["kind"] in OPERATOR_KINDS
+    }
+    release = "kube-prometheus-stack"
+    assert labelled == {"PodMonitor": release, "PrometheusRule": release}
 
 
 # --- the sidecar's configuration -------------------------------------------------------------
@@ -502,16 +518,27 @@ def test_plain_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: Path) -> None:
-    workload = by_name(with_components(tmp_path, "sidecar"), "Deployment", "vllm")
-    labels = workload["spec"]["template"]["metadata"]["labels"]
-    port = sidecar_of(workload)["ports"][0]["name"]
-    (job,) = [j for j in prometheus_config()["scrape_configs"] if "kubernetes_sd_configs" in j]
-    keeps = {
+def _keeps(job: dict[str, Any]) -> dict[str, str]:
+    return {
         r["source_labels"][0]: r["regex"]
         for r in job["relabel_configs"]
         if r.get("action") == "keep"
     }
+
+
+def _discovered_jobs() -> dict[str, dict[str, Any]]:
+    return {
+        j["job_name"]: j
+        for j in prometheus_config()["scrape_configs"]
+        if "kubernetes_sd_configs" in j
+    }
+
+
+def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: Path) -> None:
+    workload = by_name(with_components(tmp_path, "sidecar"), "Deployment", "vllm")
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    port = sidecar_of(workload)["ports"][0]["name"]
+    keeps = _keeps(_discovered_jobs()["kv-headroom"])
     # Prometheus turns every character of a label name that is not [a-zA-Z0-9_] into "_".
     meta = {
         "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v
@@ -522,12 +549,22 @@ def test_plain_prometheus_keeps_the_pods_and_port_the_component_sets(tmp_path: P
     assert keeps
 
 
+def test_plain_prometheus_scrapes_vllm_on_the_default_port_of_the_same_pods() -> None:
+    jobs = _discovered_jobs()
+    sidecar_keeps, vllm_keeps = _keeps(jobs["kv-headroom"]), _keeps(jobs["vllm"])
+    assert vllm_keeps.pop("__meta_kubernetes_pod_container_port_number") == "8000"
+    sidecar_keeps.pop("__meta_kubernetes_pod_container_port_name")
+    assert vllm_keeps == sidecar_keeps
+
+
 def test_plain_prometheus_job_names_match_the_rules_job_selectors() -> None:
+    """Sidecar jobs match the sidecar-down alerts' selector; vLLM's jobs must not."""
     selectors = re.findall(
         r'\bup\{job=~"([^"]+)"\}', json.dumps(rule_sources()).replace('\\"', '"')
     )
     if not selectors:
         pytest.skip("no rule selects the sidecar's up series by job")
     for job in prometheus_config()["scrape_configs"]:
+        name = job["job_name"]
         for selector in selectors:
-            assert re.fullmatch(selector, job["job_name"]), (job["job_name"], selector)
+            assert bool(re.fullmatch(selector, name)) == ("kv-headroom" in name), name

@@ -1,0 +1,85 @@
+"""The Parameters object reaches every object it names, from the README's recipe, and the
+values baked into the files equal its defaults (so a kustomization that does not list
+apply-parameters gets the same objects)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.conftest import KUBERNETES, kustomize
+from tests.deploy.recipes import (
+    CUSTOM,
+    OPEN_POLICY,
+    SIDECAR_ONLY_POLICY,
+    Combination,
+    render_combination,
+)
+from tests.deploy.test_manifests import (
+    K8S_VERSIONS,
+    OPERATOR_KINDS,
+    kubernetes_validate,
+    validate_operator_object,
+)
+
+DEFAULTS: dict[str, Any] = yaml.safe_load(
+    (KUBERNETES / "parameters" / "parameters.yaml").read_text()
+)["spec"]
+
+
+def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
+    """Every value in the rendered objects that a parameter sets, by parameter."""
+    out: dict[str, set[Any]] = {k: set() for k in DEFAULTS}
+    for o in objects:
+        kind, spec = o["kind"], o.get("spec", {})
+        if kind in OPERATOR_KINDS:
+            out["release"].add(o["metadata"]["labels"].get("release"))
+        if kind == "PodMonitor":
+            out["vllmPort"].add(spec["podMetricsEndpoints"][1]["targetPort"])
+        if kind == "Service" and o["metadata"]["name"] == "vllm-kv-headroom":
+            (port,) = [p for p in spec["ports"] if p["name"] == "vllm"]
+            out["vllmPort"] |= {port["port"], port["targetPort"]}
+        if kind == "NetworkPolicy" and o["metadata"]["name"].startswith("vllm-kv-headroom"):
+            sidecar_rule, *rest = spec["ingress"]
+            if rest:  # the open policy: vLLM's port, then every other port
+                out["vllmPort"].add(rest[0]["ports"][0]["port"])
+            (peer,) = sidecar_rule["from"]
+            (ns,) = peer["namespaceSelector"]["matchExpressions"]
+            (pod,) = peer["podSelector"]["matchExpressions"]
+            out["prometheusNamespace"].update(ns["values"])
+            out["prometheusPodLabel"].add(pod["key"])
+            out["prometheusPodLabelValue"].update(pod["values"])
+    return out
+
+
+@pytest.mark.parametrize("monitor", ["podmonitor", "servicemonitor"])
+@pytest.mark.parametrize("policy", [OPEN_POLICY, SIDECAR_ONLY_POLICY])
+def test_custom_parameters_reach_every_object(tmp_path: Path, monitor: str, policy: str) -> None:
+    objects = render_combination(tmp_path, Combination(monitor, policy, CUSTOM))
+    assert parameter_values(objects) == {k: {v} for k, v in CUSTOM}
+
+
+def test_files_carry_the_default_parameters() -> None:
+    objects = [
+        o
+        for path in ("podmonitor", "servicemonitor", OPEN_POLICY, SIDECAR_ONLY_POLICY)
+        for o in kustomize(KUBERNETES / path)
+    ]
+    assert parameter_values(objects) == {k: {v} for k, v in DEFAULTS.items()}
+
+
+def test_parameters_never_reach_the_cluster(tmp_path: Path) -> None:
+    objects = render_combination(tmp_path, Combination("podmonitor", OPEN_POLICY, CUSTOM))
+    assert "Parameters" not in {o["kind"] for o in objects}
+
+
+@pytest.mark.parametrize("monitor", ["podmonitor", "servicemonitor"])
+def test_recipe_with_custom_parameters_is_valid(tmp_path: Path, monitor: str) -> None:
+    for obj in render_combination(tmp_path, Combination(monitor, OPEN_POLICY, CUSTOM)):
+        if obj["kind"] in OPERATOR_KINDS:
+            validate_operator_object(obj)
+        else:
+            kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
