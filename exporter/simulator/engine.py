@@ -11,6 +11,17 @@ blocks for the chunk they prefill this step. A request holds
 ``ceil(computed tokens / block_size)`` blocks; one block of the pool is vLLM's null block.
 With prefix caching, full blocks of a shared prompt prefix stay cached after release and
 count as free until evicted (LRU); a later request reuses them instead of recomputing.
+A block's cache key is (prefix key, block index), or, for a request that carries a
+request log's prefix-block hashes, (the hash covering the block, block index). A request
+leaves its first ``cache_len`` tokens in the cache (a session's turn: prompt and answer,
+which its next turn's prompt starts with).
+
+The engine also records why the head of the waiting queue is not admitted, step by step
+(``reason``, ``reason_changes``, ``reason_seconds``) — vLLM does not export this, so it is
+the ground truth a bottleneck gauge is checked against: ``kv_cache`` (its blocks are not
+free, or a running request was preempted this step), ``max_num_seqs`` (the batch is
+full), ``compute`` (the step's ``max_num_batched_tokens`` are spent), ``stalled``
+(admission is stopped by a fault: ``stalled = True``), ``none`` (nobody waits).
 
 Between events — an arrival, a request finishing, the pool running short, an observation
 — every running request just decodes one token per step, so the engine jumps over such
@@ -33,6 +44,7 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
+REASONS = ("kv_cache", "max_num_seqs", "compute", "stalled", "none")
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 
 
@@ -110,6 +122,9 @@ class Request:
     preemptions: int = 0
     pending_preemption_events: int = 0
     prefill_computed: int = 0  # tokens computed (not cached) in its first prefill
+    cache_len: int = 0  # tokens of its sequence it leaves in the prefix cache
+    block_hashes: tuple[int, ...] = ()  # a log's prefix-block hashes, hash_tokens each
+    hash_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -224,6 +239,10 @@ class Engine:
         self.preempted = 0  # preemptions as they happen (vLLM's counter lags behind)
         self._next_id = 0
         self.on_finish: Callable[[Request], None] | None = None
+        self.stalled = False  # a fault: the scheduler admits nobody while this holds
+        self.reason = "none"  # why the head of the waiting queue waits, now
+        self.reason_changes: list[tuple[float, str]] = [(start, "none")]
+        self.reason_seconds = dict.fromkeys(REASONS, 0.0)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -236,6 +255,9 @@ class Engine:
         prefix_key: int | None = None,
         prefix_len: int = 0,
         at: float | None = None,
+        cache_len: int | None = None,
+        block_hashes: tuple[int, ...] = (),
+        hash_tokens: int = 0,
     ) -> list[Request]:
         """Queue a request (``n`` engine requests sharing the prompt, as vLLM fans out n)."""
         prompt_len = max(1, min(prompt_len, self.config.max_model_len - 1))
@@ -257,6 +279,9 @@ class Engine:
                 key,
                 min(shared, prompt_len),
                 parent,
+                cache_len=min(shared, prompt_len) if cache_len is None else cache_len,
+                block_hashes=block_hashes,
+                hash_tokens=hash_tokens,
             )
             self.waiting.append(req)
             out.append(req)
@@ -274,7 +299,8 @@ class Engine:
     def run_until(self, t: float, next_arrival: float | None = None) -> None:
         """Advance to time ``t`` (steps run back to back while there is work)."""
         while self.now < t:
-            if not self.running and not self.waiting:
+            if not self.running and (not self.waiting or self.stalled):
+                self._note("stalled" if self.waiting else "none", t - self.now)
                 self.now = t
                 return
             horizon = t if next_arrival is None else min(t, next_arrival)
@@ -309,9 +335,23 @@ class Engine:
             scheduled.append((req, new))
             budget -= new
             i += 1
-        if not preempted:
-            budget = self._admit(budget, scheduled)
+        if not self.waiting:
+            reason = "none"
+        elif self.stalled:
+            reason = "stalled"
+        elif preempted:
+            reason = "kv_cache"
+        else:
+            budget, reason = self._admit(budget, scheduled)
+        start = self.now
         self._execute(scheduled)
+        self._note(reason, self.now - start, at=start)
+
+    def _note(self, reason: str, seconds: float, at: float | None = None) -> None:
+        if reason != self.reason:
+            self.reason = reason
+            self.reason_changes.append((self.now if at is None else at, reason))
+        self.reason_seconds[reason] += seconds
 
     def _preempt(self, req: Request) -> None:
         if self.first_preemption_at is None:
@@ -327,6 +367,13 @@ class Engine:
         req.pending_preemption_events += 1
         self.waiting.appendleft(req)
 
+    def _key(self, req: Request, b: int) -> tuple[int, int] | None:
+        """The cache key of the request's block ``b`` (None: the block is not shareable)."""
+        if not req.block_hashes:
+            return (req.prefix_key, b) if req.prefix_key is not None else None
+        index = b * self.config.block_size // req.hash_tokens
+        return (req.block_hashes[index], b) if index < len(req.block_hashes) else None
+
     def _prefix_hits(self, req: Request) -> list[tuple[int, int]]:
         if not self.config.enable_prefix_caching or req.prefix_key is None:
             return []
@@ -335,22 +382,29 @@ class Engine:
         full = min(req.prefix_len, req.num_tokens - 1) // bs
         hits = []
         for b in range(full):
-            key = (req.prefix_key, b)
-            if key not in self.pool.refs:
+            key = self._key(req, b)
+            if key is None or key not in self.pool.refs:
                 break
             hits.append(key)
         return hits
 
-    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+    def _admit(self, budget: int, scheduled: list[tuple[Request, int]]) -> tuple[int, str]:
+        """Admit FCFS; the budget left, and why the next waiting request was not admitted."""
         cfg, pool, bs = self.config, self.pool, self.config.block_size
-        while budget > 0 and self.waiting and len(self.running) < cfg.max_num_seqs:
+        while True:
+            if not self.waiting:
+                return budget, "none"
+            if len(self.running) >= cfg.max_num_seqs:
+                return budget, "max_num_seqs"
+            if budget <= 0:
+                return budget, "compute"
             req = self.waiting[0]
             hits = self._prefix_hits(req)
             evictable_hits = sum(1 for k in hits if pool.refs[k] == 0)
             hit_tokens = len(hits) * bs
             full_need = _cdiv(min(req.num_tokens, cfg.max_model_len), bs) - len(hits)
             if full_need + evictable_hits > pool.num_free:
-                break
+                return budget, "kv_cache"
             self.waiting.popleft()
             for key in hits:
                 pool.acquire(key)
@@ -368,7 +422,6 @@ class Engine:
             self.running.append(req)
             scheduled.append((req, new))
             budget -= new
-        return budget
 
     def _step_duration(self, prefill_tokens: int, attended_tokens: int) -> float:
         cfg = self.config
@@ -414,10 +467,10 @@ class Engine:
         if req.prefix_key is None or not self.config.enable_prefix_caching:
             return
         # Full prefix blocks this request has now computed move into the prefix cache.
-        done = min(req.num_computed, req.prefix_len) // bs
+        done = min(req.num_computed, req.cache_len) // bs
         while len(req.cached) < done and req.plain_blocks > 0:
-            key = (req.prefix_key, len(req.cached))
-            if not self.pool.register(key):
+            key = self._key(req, len(req.cached))
+            if key is None or not self.pool.register(key):
                 break  # another request cached it first; this copy stays private
             req.plain_blocks -= 1  # the same block, now held as a cached one
             req.cached.append(key)
@@ -439,6 +492,8 @@ class Engine:
     def _finish(self, req: Request) -> None:
         stats = self.stats
         self.running.remove(req)
+        # What it computed of its cache_len (a session turn's answer) stays cached too.
+        self._register_prefix_blocks(req, self.config.block_size)
         self.pool.release(req.plain_blocks, req.cached)
         req.plain_blocks, req.cached = 0, []
         stats.finished += 1
@@ -479,7 +534,8 @@ class Engine:
         for req in running:
             if req.num_computed != req.num_tokens - 1:
                 return False  # someone is prefilling
-        if self.waiting and len(running) < cfg.max_num_seqs and self._admissible(self.waiting[0]):
+        full = len(running) >= cfg.max_num_seqs
+        if self.waiting and not self.stalled and not full and self._admissible(self.waiting[0]):
             return False
         n = len(running)
         attended = sum(req.num_computed for req in running) + n  # context read by step 0
@@ -488,7 +544,13 @@ class Engine:
         k = min(k, self._steps_blocks_last(k))
         if k < 2:
             return False
+        if not self.waiting:
+            reason = "none"
+        else:
+            reason = "stalled" if self.stalled else "max_num_seqs" if full else "kv_cache"
+        start = self.now
         self._apply_decode(k, attended)
+        self._note(reason, self.now - start, at=start)
         return True
 
     def _steps_within(self, seconds: float, attended: int, n: int, limit: int) -> int:

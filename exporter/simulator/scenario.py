@@ -18,26 +18,52 @@ phases:
     shared_prefix: {tokens: 512, groups: 4}          # optional
     burst: {count: 15, over: 3m, prompt: {median: 5000}}  # optional, from the phase start
 foreign_memory: [{at: 20m, bytes: 6GiB}]             # another process on the GPU
+stalls: [{at: 12m, duration: 3m}]   # the scheduler stops admitting; /health stays 200
+traffic:                  # requests from a log, instead of or on top of phases
+  file: traces/chat.jsonl # relative to the scenario file
+  format: jsonl           # or csv; default from the file's extension
+  columns: {time: timestamp, prompt: input_length, output: output_length,
+            hashes: hash_ids, session: conversation_id, n: n}
+  time_unit: ms           # of the time column: s, ms, us
+  hash_block_tokens: 512  # tokens per prefix hash
+  start: 10m              # log time after its first request
+  duration: 20m           # log time replayed
+  time_scale: 1.0         # log seconds → scenario seconds
+  rate_scale: 0.25        # keep a quarter of the requests (seeded); > 1 adds copies
+  loop: false             # repeat the window until the scenario ends
+  at: 0s                  # when in the scenario the log starts
 ```
 
 or, instead of ``phases``, ``closed_loop: {concurrency: 20, requests: 40, prompt: …,
 generation: …}`` — a fixed number of clients that each send the next request when their
-previous one finishes. Pure: parsing takes the text; sampling takes a seeded RNG.
+previous one finishes. ``traffic`` may be one log or a list of them. Pure: parsing takes
+the text (``with_logs`` adds the logs' records, read by the caller); sampling takes a
+seeded RNG.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import Any
 
 import yaml
 
 from exporter.capacity.gpus import parse_bytes
 from exporter.errors import InputError
+from exporter.simulator.requestlog import (
+    ROLES,
+    TIME_UNITS,
+    LogFormat,
+    LoggedRequest,
+    TrafficSpec,
+    window,
+)
 
 _DURATION = re.compile(
     r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+(?:\.\d+)?)ms)?(?:(\d+(?:\.\d+)?)us)?$"
@@ -101,6 +127,18 @@ class ClosedLoop:
 
 
 @dataclass(frozen=True)
+class TrafficLog:
+    """A request log a scenario replays: where it is, how to read it, which part."""
+
+    file: str  # as written in the scenario
+    path: str  # resolved against the scenario's folder
+    format: LogFormat
+    spec: TrafficSpec
+    hash_block_tokens: int = 512
+    records: tuple[LoggedRequest, ...] | None = None  # None until read
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -113,6 +151,9 @@ class Scenario:
     closed_loop: ClosedLoop | None = None
     foreign_memory: tuple[tuple[float, int], ...] = ()
     source: str = ""
+    traffic: tuple[TrafficLog, ...] = ()
+    stalls: tuple[tuple[float, float], ...] = ()  # (from, until): admission stopped
+    tags: tuple[str, ...] = field(default=())  # the scenario's classes, for the benchmark
 
     def foreign_bytes_at(self, t: float) -> int:
         current = 0
@@ -129,10 +170,70 @@ class Arrival:
     generation: int
     n: int = 1
     prefix_key: int | None = None
-    prefix_len: int = 0
+    prefix_len: int = 0  # tokens of the prompt another request may have cached
+    cache_len: int = 0  # tokens of this request's sequence it leaves in the prefix cache
+    block_hashes: tuple[int, ...] = ()  # prefix-block hashes, ``hash_tokens`` tokens each
+    hash_tokens: int = 0
 
 
 def arrivals(scenario: Scenario) -> Iterator[Arrival]:
+    """All open-loop arrivals, in time order: the phases' and the logs'."""
+    streams = [_phase_arrivals(scenario)]
+    streams += [
+        log_arrivals(log, index, scenario.seed, scenario.duration)
+        for index, log in enumerate(scenario.traffic)
+    ]
+    return heapq.merge(*streams, key=lambda a: a.time)
+
+
+# Prefix-cache keys of logged requests live apart from the phases' small group keys.
+_SESSION_KEYS = 1 << 40
+_HASH_KEYS = 1 << 44
+
+
+def log_arrivals(log: TrafficLog, index: int, seed: int, until: float) -> Iterator[Arrival]:
+    """A log's requests as arrivals. With prefix hashes, requests share the blocks whose
+    hashes they share. Without, a session's turn reuses what its previous turn left in
+    the cache (that turn's prompt and answer) while its prompt starts with that context;
+    a shorter prompt starts a new conversation."""
+    if log.records is None:
+        raise ValueError(f"{log.path} was not read (use with_logs)")
+    sessions: dict[str, tuple[int, int, int]] = {}  # id → (key, prompt, context)
+    conversations = 0
+    hash_base = _HASH_KEYS * (index + 1)
+    for r in window(list(log.records), log.spec, seed + index, until):
+        if r.hashes:
+            yield Arrival(
+                r.time,
+                r.prompt,
+                r.output,
+                r.n,
+                prefix_key=hash_base,
+                prefix_len=min(r.prompt, len(r.hashes) * log.hash_block_tokens),
+                cache_len=min(r.prompt, len(r.hashes) * log.hash_block_tokens),
+                block_hashes=tuple(hash_base + h for h in r.hashes),
+                hash_tokens=log.hash_block_tokens,
+            )
+        elif r.session is not None:
+            key, prev_prompt, context = sessions.get(r.session, (0, 0, 0))
+            if key == 0 or r.prompt < prev_prompt:
+                conversations += 1
+                key, context = _SESSION_KEYS + conversations, 0
+            sessions[r.session] = (key, r.prompt, r.prompt + r.output)
+            yield Arrival(
+                r.time,
+                r.prompt,
+                r.output,
+                r.n,
+                prefix_key=key,
+                prefix_len=min(r.prompt, context),
+                cache_len=r.prompt + r.output,
+            )
+        else:
+            yield Arrival(r.time, r.prompt, r.output, r.n)
+
+
+def _phase_arrivals(scenario: Scenario) -> Iterator[Arrival]:
     """Open-loop arrivals, in time order: Poisson within each phase (rate ramping), bursts."""
     rng = random.Random(scenario.seed)
     start = 0.0
@@ -168,7 +269,7 @@ def _request(rng: random.Random, t: float, phase: Phase, index: int) -> Arrival:
     if phase.prefix_groups and phase.prefix_tokens:
         key = 1_000 * (index + 1) + rng.randrange(phase.prefix_groups)
         shared = min(phase.prefix_tokens, prompt)
-    return Arrival(t, prompt, phase.generation.sample(rng), phase.n, key, shared)
+    return Arrival(t, prompt, phase.generation.sample(rng), phase.n, key, shared, shared)
 
 
 def closed_loop_requests(scenario: Scenario) -> list[tuple[int, int]]:
@@ -191,6 +292,9 @@ _TOP = {
     "phases",
     "closed_loop",
     "foreign_memory",
+    "traffic",
+    "stalls",
+    "tags",
 }
 _PHASE = {"duration", "rate", "rate_to", "prompt", "generation", "n", "shared_prefix", "burst"}
 _ENGINE = {
@@ -212,6 +316,20 @@ DEPLOYMENT_KEYS = {
     "kv_cache_memory_bytes",
     "enable_prefix_caching",
     "tensor_parallel_size",
+    "weights_bytes",
+}
+_TRAFFIC = {
+    "file",
+    "format",
+    "columns",
+    "time_unit",
+    "hash_block_tokens",
+    "start",
+    "duration",
+    "time_scale",
+    "rate_scale",
+    "loop",
+    "at",
 }
 
 
@@ -263,8 +381,54 @@ def _lengths(value: object, where: str, key: str) -> Lengths:
     )
 
 
+def _traffic(value: object, where: str, key: str) -> TrafficLog:
+    t = _mapping(value, where, key, _TRAFFIC)
+    file = t.get("file")
+    if not isinstance(file, str) or not file:
+        raise InputError(where, f"{key}.file", file, "name the request log (CSV or JSON Lines)")
+    fmt = str(t.get("format") or ("csv" if file.lower().endswith(".csv") else "jsonl"))
+    if fmt not in ("csv", "jsonl"):
+        raise InputError(where, f"{key}.format", fmt, "must be csv or jsonl")
+    columns = dict(LogFormat().columns)
+    raw_columns = _mapping(t.get("columns", {}), where, f"{key}.columns", set(ROLES))
+    columns.update({str(k): str(v) for k, v in raw_columns.items()})
+    unit = str(t.get("time_unit", "s"))
+    if unit not in TIME_UNITS:
+        raise InputError(where, f"{key}.time_unit", unit, "must be s, ms or us")
+    loop = t.get("loop", False)
+    if not isinstance(loop, bool):
+        raise InputError(where, f"{key}.loop", loop, "must be true or false")
+    time_scale = _number(t.get("time_scale", 1.0), where, f"{key}.time_scale")
+    if time_scale <= 0:
+        raise InputError(where, f"{key}.time_scale", time_scale, "must be above 0")
+    base = PurePath(where).parent if not where.startswith("scenario:") else PurePath()
+    path = file if PurePath(file).is_absolute() else str(base / file)
+    hash_tokens = int(
+        _number(t.get("hash_block_tokens", 512), where, f"{key}.hash_block_tokens", integer=True)
+    )
+    if hash_tokens < 1:
+        raise InputError(where, f"{key}.hash_block_tokens", hash_tokens, "must be at least 1")
+    return TrafficLog(
+        file=file,
+        path=path,
+        format=LogFormat(fmt, columns, unit),
+        spec=TrafficSpec(
+            time_scale=time_scale,
+            rate_scale=_number(t.get("rate_scale", 1.0), where, f"{key}.rate_scale"),
+            start=parse_duration(t.get("start", 0), where, f"{key}.start"),
+            duration=parse_duration(t["duration"], where, f"{key}.duration")
+            if "duration" in t
+            else None,
+            loop=loop,
+            offset=parse_duration(t.get("at", 0), where, f"{key}.at"),
+        ),
+        hash_block_tokens=hash_tokens,
+    )
+
+
 def parse_scenario(text: str, where: str) -> Scenario:
-    """A scenario from YAML; every problem is an InputError naming the file and key."""
+    """A scenario from YAML; every problem is an InputError naming the file and key.
+    Request logs are named, not read: ``with_logs`` adds their records."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -341,9 +505,29 @@ def parse_scenario(text: str, where: str) -> Scenario:
             prompt=_lengths(c.get("prompt", 500), where, "closed_loop.prompt"),
             generation=_lengths(c.get("generation", 200), where, "closed_loop.generation"),
         )
-    if not phases and closed is None:
-        raise InputError(where, "phases", None, "a scenario needs phases or closed_loop")
+    raw_traffic = top.get("traffic") or []
+    if isinstance(raw_traffic, Mapping):
+        raw_traffic = [raw_traffic]
+    if not isinstance(raw_traffic, list):
+        raise InputError(where, "traffic", raw_traffic, "must be a log or a list of logs")
+    traffic = tuple(
+        _traffic(raw, where, "traffic" if len(raw_traffic) == 1 else f"traffic[{i}]")
+        for i, raw in enumerate(raw_traffic)
+    )
+    if not phases and closed is None and not traffic:
+        raise InputError(where, "phases", None, "a scenario needs phases, traffic or closed_loop")
+    stalls: list[tuple[float, float]] = []
+    for i, raw in enumerate(top.get("stalls") or []):
+        st = _mapping(raw, where, f"stalls[{i}]", {"at", "duration"})
+        begin = parse_duration(st.get("at", 0), where, f"stalls[{i}].at")
+        length = parse_duration(st.get("duration", 0), where, f"stalls[{i}].duration")
+        stalls.append((begin, begin + length))
+    tags = top.get("tags") or []
+    if not isinstance(tags, list):
+        raise InputError(where, "tags", tags, "must be a list of class names")
     total = sum(p.duration for p in phases)
+    if "duration" not in top and traffic and not total:
+        raise InputError(where, "duration", None, "a scenario that replays a log needs one")
     duration = parse_duration(top.get("duration", total or 600), where, "duration")
     foreign = []
     for i, raw in enumerate(top.get("foreign_memory") or []):
@@ -367,4 +551,21 @@ def parse_scenario(text: str, where: str) -> Scenario:
         closed_loop=closed,
         foreign_memory=tuple(sorted(foreign)),
         source=where,
+        traffic=traffic,
+        stalls=tuple(sorted(stalls)),
+        tags=tuple(str(t) for t in tags),
     )
+
+
+def with_logs(scenario: Scenario, read: Callable[[str], str]) -> Scenario:
+    """The scenario with its logs' records, each read through ``read(path)`` (which
+    raises InputError when it cannot) and parsed by ``parse_request_log``."""
+    from exporter.simulator.requestlog import parse_request_log
+
+    logs = tuple(
+        log
+        if log.records is not None
+        else replace(log, records=tuple(parse_request_log(read(log.path), log.path, log.format)))
+        for log in scenario.traffic
+    )
+    return replace(scenario, traffic=logs)

@@ -7,17 +7,19 @@ alert benchmark, tests) or behind the HTTP server on a real clock (``demo``).
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import GIB, Gpu, lookup_gpu
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.errors import InputError
-from exporter.simulator.engine import Engine, EngineConfig, Request
+from exporter.simulator.engine import REASONS, Engine, EngineConfig, Request
 from exporter.simulator.page import cache_config_labels, render_page
 from exporter.simulator.scenario import (
     Arrival,
@@ -25,6 +27,7 @@ from exporter.simulator.scenario import (
     arrivals,
     closed_loop_requests,
     parse_scenario,
+    with_logs,
 )
 from exporter.sources.model_dir import load_model
 
@@ -46,9 +49,8 @@ def load_scenario(name_or_path: str) -> Scenario:
     folder = resources.files("exporter.simulator").joinpath("scenarios")
     builtin = folder.joinpath(f"{name_or_path}.yaml")
     if builtin.is_file():
-        return parse_scenario(builtin.read_text("utf-8"), f"scenario:{name_or_path}")
-    from pathlib import Path
-
+        scenario = parse_scenario(builtin.read_text("utf-8"), f"scenario:{name_or_path}")
+        return with_logs(scenario, lambda p: folder.joinpath(p).read_text("utf-8"))
     path = Path(name_or_path)
     if not path.is_file():
         raise InputError(
@@ -61,7 +63,17 @@ def load_scenario(name_or_path: str) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(str(path), "", None, f"cannot be read: {e.strerror}") from None
-    return parse_scenario(text, str(path))
+    return with_logs(parse_scenario(text, str(path)), read_log)
+
+
+def read_log(path: str) -> str:
+    """A request log's text; one InputError line when it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(path, "", None, f"cannot be read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(path, f"byte {e.start}", None, "is not UTF-8 text") from None
 
 
 @dataclass(frozen=True)
@@ -95,8 +107,10 @@ def size(scenario: Scenario) -> Sizing:
         max_num_batched_tokens=d.get("max_num_batched_tokens"),
         kv_cache_memory_bytes=d.get("kv_cache_memory_bytes"),
         num_gpu_blocks_override=d.get("num_gpu_blocks_override"),
-        weights_bytes=source.weights_bytes,
-        weights_source=source.weights_source or "estimate",
+        weights_bytes=int(d["weights_bytes"]) if "weights_bytes" in d else source.weights_bytes,
+        weights_source="scenario"
+        if "weights_bytes" in d
+        else (source.weights_source or "estimate"),
     )
     sized = plan(req)
     if sized.startup_failure is not None:
@@ -149,12 +163,14 @@ class Simulation:
     """One scenario on one engine. ``advance_to(t)`` is the only way time moves."""
 
     def __init__(self, scenario: Scenario, *, start_time: float = 0.0) -> None:
+        scenario = with_logs(scenario, read_log)
         self.scenario = scenario
         self.sizing = size(scenario)
         self.start_time = start_time
         self.engine = Engine(_engine_config(scenario, self.sizing.plan, self.sizing.gpu), start=0.0)
         self._arrivals: Iterator[Arrival] = arrivals(scenario)
         self._next: Arrival | None = next(self._arrivals, None)
+        self._stall_edges = sorted({t for stall in scenario.stalls for t in stall})
         self._closed: deque[tuple[int, int]] = deque()
         if scenario.closed_loop is not None:
             self._closed.extend(closed_loop_requests(scenario))
@@ -183,10 +199,18 @@ class Simulation:
         )
 
     def advance_to(self, t: float) -> None:
+        # Stall edges split the way like arrivals do: the engine sees each in time.
+        for edge in self._stall_edges:
+            if self.engine.now < edge <= t:
+                self._advance(edge)
+        self._advance(t)
+
+    def _advance(self, t: float) -> None:
         engine = self.engine
         while self._next is not None and self._next.time <= t:
             arrival = self._next
             engine.run_until(arrival.time, next_arrival=arrival.time)
+            engine.stalled = self._stalled_at(engine.now)
             engine.submit(
                 arrival.prompt,
                 arrival.generation,
@@ -194,9 +218,36 @@ class Simulation:
                 prefix_key=arrival.prefix_key,
                 prefix_len=arrival.prefix_len,
                 at=arrival.time,
+                cache_len=arrival.cache_len,
+                block_hashes=arrival.block_hashes,
+                hash_tokens=arrival.hash_tokens,
             )
             self._next = next(self._arrivals, None)
         engine.run_until(t, next_arrival=self._next.time if self._next else None)
+        engine.stalled = self._stalled_at(max(engine.now, t))
+
+    def _stalled_at(self, t: float) -> bool:
+        return any(a <= t < b for a, b in self.scenario.stalls)
+
+    # -- why requests wait (the simulator's truth; vLLM does not export it) -------------
+
+    @property
+    def bottleneck(self) -> str:
+        """What keeps the head of the waiting queue from being admitted, now."""
+        return self.engine.reason
+
+    def bottleneck_between(self, t0: float, t1: float) -> dict[str, float]:
+        """Seconds of ``[t0, t1)`` spent under each reason (the engine's change log)."""
+        changes = self.engine.reason_changes
+        out = dict.fromkeys(REASONS, 0.0)
+        i = max(0, bisect.bisect_right(changes, (t0, "~")) - 1)
+        while i < len(changes) and changes[i][0] < t1:
+            start = max(t0, changes[i][0])
+            end = min(t1, changes[i + 1][0] if i + 1 < len(changes) else t1)
+            if end > start:
+                out[changes[i][1]] += end - start
+            i += 1
+        return out
 
     def page(self) -> str:
         return render_page(

@@ -69,7 +69,7 @@ closed_loop: {concurrency: 5, requests: 12, prompt: 100, generation: 20}
         ("phases: [{rate: 1, prmpt: 3}]", "loop.yaml: phases[0].prmpt: unknown key"),
         ("phases: [{rate: 1, duration: soon}]", "phases[0].duration = 'soon': must be a duration"),
         ("expect: maybe\nphases: [{rate: 1}]", "expect = 'maybe': must be safe or overload"),
-        ("name: x", "a scenario needs phases or closed_loop"),
+        ("name: x", "a scenario needs phases, traffic or closed_loop"),
         ("phases: [{rate: 1, prompt: {min: 9, max: 3}}]", "phases[0].prompt.min = 9: is above"),
         ("phases: [", "is not valid YAML"),
     ],

@@ -1,0 +1,242 @@
+"""Request logs: real traffic as a file of requests, read into plain records.
+
+A log is CSV (with a header row) or JSON Lines, one request a line. Which column holds
+what is the caller's to say (``LogFormat.columns``): arrival time, prompt tokens and
+output tokens are required; ``n`` (parallel sampling), a session/conversation id and
+prefix-block hashes (a list of ints in JSON Lines; in CSV a list of ints separated by
+spaces, ``;`` or ``|``) are read when mapped. ``parse_request_log`` is pure — text in,
+records out — so the simulator and ``plan --traffic`` read logs the same way; every
+problem is one ``InputError`` naming the file, the line and the column.
+
+``window`` then cuts and rescales what was read (``TrafficSpec``): the window
+``[start, start + duration)`` of log time, stretched by ``time_scale``, thinned or
+multiplied by ``rate_scale`` (seeded), repeated end to end with ``loop``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import random
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from exporter.errors import InputError
+
+# The roles a column can play; time, prompt and output are required.
+ROLES = ("time", "prompt", "output", "n", "session", "hashes")
+REQUIRED = ("time", "prompt", "output")
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+DEFAULT_COLUMNS = {"time": "timestamp", "prompt": "input_length", "output": "output_length"}
+_HASH_SPLIT = re.compile(r"[\s;|,]+")
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """How to read one log: its format, its column names, and its time unit."""
+
+    format: str = "jsonl"  # csv | jsonl
+    columns: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_COLUMNS))
+    time_unit: str = "s"
+
+
+@dataclass(frozen=True)
+class LoggedRequest:
+    """One request of a log; ``time`` in seconds of log time."""
+
+    time: float
+    prompt: int
+    output: int
+    n: int = 1
+    session: str | None = None
+    hashes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    """What part of a log a scenario replays, and how fast."""
+
+    time_scale: float = 1.0  # log seconds × time_scale = scenario seconds
+    rate_scale: float = 1.0  # < 1 keeps each request with this chance; > 1 adds copies
+    start: float = 0.0  # log seconds after the first request
+    duration: float | None = None  # log seconds; None: to the end
+    loop: bool = False  # repeat the window until the scenario ends
+    offset: float = 0.0  # scenario seconds before the first replayed request
+
+
+def parse_request_log(text: str, where: str, fmt: LogFormat) -> list[LoggedRequest]:
+    """Every request of a log, in time order (a stable sort keeps the file's ties)."""
+    missing = [role for role in REQUIRED if role not in fmt.columns]
+    if missing:
+        raise InputError(where, "columns", None, f"map the {missing[0]} column")
+    if fmt.time_unit not in TIME_UNITS:
+        raise InputError(where, "time_unit", fmt.time_unit, "must be s, ms or us")
+    unit = TIME_UNITS[fmt.time_unit]
+    rows = _csv_rows(text, where, fmt) if fmt.format == "csv" else _jsonl_rows(text, where)
+    out = [_record(row, line, where, fmt.columns, unit) for line, row in rows]
+    out.sort(key=lambda r: r.time)
+    return out
+
+
+def _jsonl_rows(text: str, where: str) -> Iterator[tuple[int, Mapping[str, object]]]:
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(
+                where, f"line {number}, column {e.colno}", None, f"is not JSON: {e.msg}"
+            ) from None
+        if not isinstance(row, dict):
+            raise InputError(where, f"line {number}", None, "must be a JSON object")
+        yield number, row
+
+
+def _csv_rows(text: str, where: str, fmt: LogFormat) -> Iterator[tuple[int, Mapping[str, object]]]:
+    reader = csv.DictReader(io.StringIO(text))
+    header = reader.fieldnames or []
+    for role, name in fmt.columns.items():
+        if name not in header:
+            raise InputError(where, "line 1", None, f"has no column {name!r} (the {role} column)")
+    for row in reader:
+        yield reader.line_num, row
+
+
+def _record(
+    row: Mapping[str, object], line: int, where: str, columns: Mapping[str, str], unit: float
+) -> LoggedRequest:
+    def value(role: str, *, required: bool) -> object:
+        name = columns.get(role)
+        if name is None:
+            return None
+        v = row.get(name)
+        if (v is None or v == "") and required:
+            raise InputError(where, f"line {line}, column {name}", None, "is missing")
+        return None if v == "" else v
+
+    def integer(role: str, default: int | None) -> int:
+        v = value(role, required=default is None)
+        if v is None and default is not None:
+            return default
+        number = _as_number(v)
+        if number is None or not float(number).is_integer() or number < 0:
+            raise InputError(
+                where, f"line {line}, column {columns[role]}", v, "must be a whole number ≥ 0"
+            )
+        return int(number)
+
+    t = _as_number(value("time", required=True))
+    if t is None or not math.isfinite(t) or t < 0:
+        raise InputError(
+            where,
+            f"line {line}, column {columns['time']}",
+            value("time", required=True),
+            "must be a time ≥ 0",
+        )
+    n = integer("n", 1)
+    if n < 1:
+        raise InputError(where, f"line {line}, column {columns['n']}", n, "must be at least 1")
+    session = value("session", required=False)
+    return LoggedRequest(
+        time=t * unit,
+        prompt=integer("prompt", None),
+        output=integer("output", None),
+        n=n,
+        session=None if session is None else str(session),
+        hashes=_hashes(value("hashes", required=False), line, where, columns.get("hashes", "")),
+    )
+
+
+def _as_number(v: object) -> float | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _hashes(v: object, line: int, where: str, column: str) -> tuple[int, ...]:
+    if v is None:
+        return ()
+    items: list[object]
+    if isinstance(v, list):
+        items = list(v)
+    elif isinstance(v, str):
+        items = [s for s in _HASH_SPLIT.split(v.strip().strip("[]")) if s]
+    else:
+        items = [v]
+    out = []
+    for item in items:
+        number = _as_number(item)
+        if number is None or not float(number).is_integer():
+            raise InputError(
+                where, f"line {line}, column {column}", item, "must be a list of integer hashes"
+            )
+        out.append(int(number))
+    return tuple(out)
+
+
+def window(
+    records: list[LoggedRequest], spec: TrafficSpec, seed: int, until: float
+) -> Iterator[LoggedRequest]:
+    """The requests a scenario replays, with scenario times, in time order, up to
+    ``until`` scenario seconds. Thinning and copies draw from ``random.Random(seed)``,
+    so each seed replays a different sample of the same traffic."""
+    if not records:
+        return
+    rng = random.Random(seed)  # noqa: S311 - a reproducible sample, not a secret
+    first = records[0].time + spec.start
+    last = records[-1].time
+    end = last if spec.duration is None else min(last, first + spec.duration)
+    span = max(end - first, 0.0)
+    chosen = [r for r in records if first <= r.time < end or (r.time == end == last)]
+    if not chosen:
+        return
+    # A looped window repeats after its duration; a whole log after its span plus one
+    # mean gap, so that its last and first requests do not land on the same instant.
+    if spec.duration is not None and first + spec.duration <= last:
+        period = spec.duration
+    else:
+        period = span + (span / (len(chosen) - 1) if len(chosen) > 1 and span > 0 else 1.0)
+    lap = 0
+    while True:
+        base = spec.offset + lap * period * spec.time_scale
+        if base >= until:
+            return
+        batch = []
+        # Thinning keeps or drops a session whole: a conversation missing turns would
+        # lose the prefix reuse its later turns rely on.
+        session_copies: dict[str, int] = {}
+        for r in chosen:
+            t = base + (r.time - first) * spec.time_scale
+            copies = session_copies.get(r.session, -1) if r.session is not None else -1
+            if copies < 0:
+                copies = int(spec.rate_scale)
+                if rng.random() < spec.rate_scale - copies:
+                    copies += 1
+                if r.session is not None:
+                    session_copies[r.session] = copies
+            for c in range(copies):
+                # A copy is another user sending the same request moments later.
+                jitter = 0.0 if c == 0 else rng.uniform(0.0, 1.0) * spec.time_scale
+                if t + jitter < until:
+                    batch.append(_at(r, t + jitter, c))
+        batch.sort(key=lambda r: r.time)
+        yield from batch
+        lap += 1
+        if not spec.loop:
+            return
+
+
+def _at(r: LoggedRequest, t: float, copy: int) -> LoggedRequest:
+    session = r.session if copy == 0 or r.session is None else f"{r.session}#{copy}"
+    return LoggedRequest(t, r.prompt, r.output, r.n, session, r.hashes)

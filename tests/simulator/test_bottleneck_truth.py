@@ -1,0 +1,138 @@
+"""The engine's truth about why requests wait, its stall fault, and the prefix cache that
+request logs drive (hashes, sessions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from exporter.simulator.engine import Engine, EngineConfig
+from exporter.simulator.scenario import parse_scenario
+from exporter.simulator.simulation import Simulation
+
+
+def engine(**overrides: int) -> Engine:
+    cfg = {"num_blocks": 101, "block_size": 16, "max_num_seqs": 8,
+           "max_num_batched_tokens": 4096, "max_model_len": 4096, **overrides}  # fmt: skip
+    return Engine(EngineConfig(**cfg))
+
+
+def test_nobody_waiting_reads_none() -> None:
+    e = engine()
+    e.submit(100, 10)
+    e.run_until(5.0)
+    assert e.reason == "none"
+
+
+def test_a_full_batch_reads_max_num_seqs() -> None:
+    e = engine(max_num_seqs=2)
+    for _ in range(4):
+        e.submit(50, 500)
+    e.run_until(0.5)
+    assert e.waiting
+    assert e.reason == "max_num_seqs"
+
+
+def test_a_spent_token_budget_reads_compute() -> None:
+    e = engine(max_num_batched_tokens=256)
+    for _ in range(6):
+        e.submit(1000, 4)
+    e.step()
+    assert e.waiting
+    assert e.reason == "compute"
+
+
+def test_blocks_too_few_for_the_head_read_kv_cache() -> None:
+    e = engine(num_blocks=41)  # 40 usable blocks, 640 tokens
+    e.submit(400, 200)
+    e.submit(400, 200)
+    e.run_until(0.5)
+    assert len(e.running) == 1
+    assert e.reason == "kv_cache"
+
+
+def test_a_stalled_engine_finishes_its_running_requests_and_empties_its_cache() -> None:
+    e = engine()
+    e.submit(200, 20)
+    e.run_until(0.05)
+    e.stalled = True
+    e.submit(200, 20)
+    e.run_until(30.0)
+    assert not e.running
+    assert len(e.waiting) == 1
+    assert e.usage == 0.0
+    assert e.reason == "stalled"
+    e.stalled = False
+    e.run_until(60.0)
+    assert not e.waiting
+    assert e.stats.finished == 2
+
+
+def test_requests_sharing_prefix_hashes_reuse_those_blocks() -> None:
+    e = engine()
+    hashes = (7, 8, 9)  # 3 × 64 tokens
+    e.submit(200, 5, prefix_key=1, prefix_len=192, block_hashes=hashes, hash_tokens=64)
+    e.run_until(5.0)
+    e.submit(250, 5, prefix_key=1, prefix_len=192, block_hashes=(7, 8, 10), hash_tokens=64)
+    e.run_until(10.0)
+    assert e.stats.prefix_hits == 128  # the first two hash blocks, not the third
+
+
+def test_a_sessions_next_turn_reuses_the_previous_prompt_and_answer() -> None:
+    e = engine()
+    e.submit(100, 60, prefix_key=5, prefix_len=0, cache_len=160)
+    e.run_until(5.0)
+    e.submit(200, 10, prefix_key=5, prefix_len=160, cache_len=210)
+    e.run_until(10.0)
+    # 159 tokens have KV (the last answer token is sampled, never computed): 9 blocks.
+    assert e.stats.prefix_hits == 144
+
+
+STALL = """\
+name: stall
+duration: 8m
+seed: 2
+deployment: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: L40S, max_model_len: 8192}
+stalls: [{at: 3m, duration: 2m}]
+phases:
+  - {duration: 8m, rate: 2.0, prompt: {median: 600, sigma: 0.3}, generation: {median: 150}}
+"""
+
+
+def test_a_scenario_stall_stops_admission_then_lets_go() -> None:
+    sim = Simulation(parse_scenario(STALL, "stall.yaml"))
+    sim.advance_to(4 * 60.0 + 55)
+    assert sim.bottleneck == "stalled"
+    assert len(sim.engine.waiting) > 100
+    assert sim.engine.usage == 0.0
+    during = sim.bottleneck_between(200.0, 290.0)
+    assert during["stalled"] == 90.0
+    sim.advance_to(8 * 60.0)
+    assert sim.bottleneck_between(420.0, 480.0)["stalled"] == 0.0
+
+
+def test_bottleneck_seconds_add_up_to_the_time_asked() -> None:
+    sim = Simulation(parse_scenario(STALL, "stall.yaml"))
+    sim.advance_to(300.0)
+    assert abs(sum(sim.bottleneck_between(10.0, 250.0).values()) - 240.0) < 1e-6
+
+
+SESSIONS = """\
+name: sessions
+duration: 5m
+deployment: {model: meta-llama/Llama-3.1-8B-Instruct, gpu: L40S, max_model_len: 8192}
+traffic: {file: chat.csv, columns: {time: t, prompt: in, output: out, session: conv}}
+"""
+
+
+def test_a_logged_conversation_hits_the_prefix_cache_on_its_later_turns(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(SESSIONS)
+    (tmp_path / "chat.csv").write_text(
+        "t,in,out,conv\n0,1000,200,a\n30,1300,100,a\n60,1500,100,a\n"
+    )
+    sim = Simulation(parse_scenario(SESSIONS, str(tmp_path / "s.yaml")))
+    sim.advance_to(120.0)
+    stats = sim.engine.stats
+    assert stats.finished == 3
+    # Turn 2 reuses the 1,199 tokens of turn 1 that have KV (74 full blocks of 16),
+    # turn 3 the 1,399 of turn 2 (87 blocks).
+    assert stats.prefix_hits == 74 * 16 + 87 * 16
