@@ -43,6 +43,9 @@ DEFAULT_MAX_QUEUE_WAIT = 5.0
 DEFAULT_PRECISION = 0.05  # the search stops when held and failed are this close
 SAMPLE_SECONDS = 1.0  # KV usage is sampled this often (simulated time)
 DRAIN_SECONDS = 600.0  # after the last arrival, the replay lets the queue drain this long
+# The replay at 1× is reported in full, but one that has failed goes on only this long:
+# its figures then describe the first part of the traffic (``complete`` says so).
+REPORT_AFTER_FAILING = 600.0
 MIN_MULTIPLIER, MAX_MULTIPLIER = 1 / 64, 64.0
 # Copies of a conversation get their own prefix keys, far above the scenario's own.
 _COPY_KEY_STRIDE = 1 << 52
@@ -125,7 +128,7 @@ class Outcome:
     waiting_seconds: Mapping[str, float]  # why the queue waited, seconds per reason
     simulated_seconds: float
     wall_seconds: float
-    complete: bool  # ran to the end (False: stopped early once it had failed)
+    complete: bool  # ran to the end (False: stopped once it had certainly failed)
     held: bool
 
     @property
@@ -151,13 +154,14 @@ def replay(
     multiplier: float,
     *,
     max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT,
-    stop_early: bool = True,
+    stop_after: float | None = 0.0,
     progress: Callable[[float], None] | None = None,
 ) -> Outcome:
     """``multiplier`` × the traffic through an engine of ``config``: until the queue
-    drains (at most ``DRAIN_SECONDS`` after the last arrival), or, with ``stop_early``,
-    until the multiple has certainly failed. ``progress`` gets the fraction done about
-    every ten seconds of wall time."""
+    drains (at most ``DRAIN_SECONDS`` after the last arrival), or until ``stop_after``
+    simulated seconds after the multiple has certainly failed (None: never stop early;
+    an overloaded engine simulates step by step, so a day of overload would take hours).
+    ``progress`` gets the fraction done about every ten seconds of wall time."""
     started = time.perf_counter()
     todo = traffic.at(multiplier)
     total = sum(a.n for a in todo)
@@ -165,8 +169,13 @@ def replay(
     engine = Engine(config, start=0.0)
     waits: list[float] = []
 
+    def waited(req: Request) -> float:
+        # Not ``first_scheduled or now``: a request scheduled at 0.0 would wait till now.
+        scheduled = engine.now if req.first_scheduled is None else req.first_scheduled
+        return scheduled - req.arrival
+
     def finished(req: Request) -> None:
-        waits.append((req.first_scheduled or engine.now) - req.arrival)
+        waits.append(waited(req))
 
     engine.on_finish = finished
     usage: list[float] = []
@@ -175,8 +184,14 @@ def replay(
     next_check = 30.0
     reported = started
     i = 0
-    failed = False
+    failed_at: float | None = None
     while engine.now < end:
+        if (
+            failed_at is not None
+            and stop_after is not None
+            and engine.now >= failed_at + stop_after
+        ):
+            break
         upcoming = todo[i].time if i < len(todo) else None
         if upcoming is None and not engine.running and not engine.waiting:
             break
@@ -199,24 +214,24 @@ def replay(
         engine.run_until(next_sample, next_arrival=upcoming)
         usage.append(engine.usage)
         next_sample = engine.now + SAMPLE_SECONDS
-        if stop_early and engine.preempted:
-            failed = True
-            break
+        if failed_at is None and engine.preempted:
+            failed_at = engine.now
         if engine.now >= next_check:
             next_check = engine.now + 30.0
-            if stop_early and _late(waits, engine, max_queue_wait) > allowed_late:
-                failed = True
-                break
+            if failed_at is None and _late(waits, engine, max_queue_wait) > allowed_late:
+                failed_at = engine.now
             if progress is not None and time.perf_counter() - reported > 10.0:
                 reported = time.perf_counter()
                 progress(min(1.0, engine.now / max(end - DRAIN_SECONDS, 1e-9)))
     # Those still queued or running waited at least until now (or until admitted).
     for req in list(engine.running) + list(engine.waiting):
-        waits.append((req.first_scheduled or engine.now) - req.arrival)
+        waits.append(waited(req))
     waits.sort()
     usage.sort()
     p95_wait = _quantile(waits, QUEUE_WAIT_QUANTILE)
-    held = not failed and not engine.preempted and p95_wait <= max_queue_wait
+    complete = not (todo and i < len(todo)) and not engine.running and not engine.waiting
+    complete = complete or engine.now >= end
+    held = failed_at is None and not engine.preempted and p95_wait <= max_queue_wait
     return Outcome(
         multiplier=multiplier,
         sequences=total,
@@ -232,7 +247,7 @@ def replay(
         waiting_seconds={r: engine.reason_seconds.get(r, 0.0) for r in REASONS},
         simulated_seconds=engine.now,
         wall_seconds=time.perf_counter() - started,
-        complete=not failed,
+        complete=complete,
         held=held,
     )
 
@@ -402,7 +417,7 @@ def assess_traffic(
     """The replay at 1× (run to the end, for its figures) and the search around it;
     ``guess`` (another deployment's answer) starts the search near the answer."""
 
-    def run(m: float, *, stop_early: bool = True) -> Outcome:
+    def run(m: float, *, stop_after: float | None = 0.0) -> Outcome:
         def progress(done: float) -> None:
             if say is not None:
                 say(f"  {label} ×{m:.3g}: {done:.0%} of the traffic replayed")
@@ -412,7 +427,7 @@ def assess_traffic(
             config,
             m,
             max_queue_wait=max_queue_wait,
-            stop_early=stop_early,
+            stop_after=stop_after,
             progress=progress,
         )
         if say is not None:
@@ -420,7 +435,7 @@ def assess_traffic(
             say(f"  {label} ×{m:.3g}: {verdict} · {outcome.wall_seconds:.1f} s")
         return outcome
 
-    first = run(1.0, stop_early=False)
+    first = run(1.0, stop_after=REPORT_AFTER_FAILING)
 
     def evaluate(m: float) -> Outcome:
         return first if m == 1.0 else run(m)
