@@ -33,6 +33,8 @@ class Tick:
     preemption_risk: float
     seconds_to_exhaustion: float
     overcommit_ratio: float
+    load_headroom_ratio: float | None = None  # None: no traffic to scale
+    load_headroom_resource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
                 preemption_risk=risk.preemption_risk if risk else 0.0,
                 seconds_to_exhaustion=risk.seconds_to_exhaustion if risk else math.inf,
                 overcommit_ratio=risk.overcommit_ratio if risk else 0.0,
+                load_headroom_ratio=view.load_headroom_ratio if view else None,
+                load_headroom_resource=view.load_headroom_resource if view else None,
             )
         )
     await poller.close()
