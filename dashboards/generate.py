@@ -1042,11 +1042,22 @@ def gpu_memory() -> dashboard_m.Dashboard:
     )
 
 
+def fleet_overview() -> dashboard_m.Dashboard:
+    # Its own module (dashboards/fleet.py), built on the helpers above: imported late,
+    # since it imports them from here (and reachable when this file runs as a script).
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from dashboards.fleet import fleet_overview as build
+
+    return build()
+
+
 DASHBOARDS = {
     "kv-cache-capacity.json": capacity,
     "kv-cache-pressure.json": pressure,
     "context-lengths.json": context_lengths,
     "gpu-memory.json": gpu_memory,
+    "fleet-overview.json": fleet_overview,
 }
 
 
