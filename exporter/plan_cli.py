@@ -109,6 +109,12 @@ def add_parser(sub: Any) -> None:
         f"(roles: {', '.join(ROLES)})",
     )
     p.add_argument("--traffic-time-unit", default="s", choices=("s", "ms", "us"))
+    p.add_argument(
+        "--traffic-jobs",
+        type=int,
+        default=1,
+        help="with --traffic: replay this many multiples at once, in parallel processes",
+    )
     p.add_argument("--output", choices=("table", "json"), default="table")
     p.add_argument("--no-what-if", action="store_true", help="skip the alternatives")
     p.add_argument("--list-models", action="store_true", help="list the catalogue and exit")
@@ -249,6 +255,8 @@ def run_traffic(
     """The traffic through the planned deployment, then through each what-if."""
     if not 0 < args.traffic_precision < 1:
         raise InputError("--traffic-precision", "", args.traffic_precision, "must be in (0, 1)")
+    if args.traffic_jobs < 1:
+        raise InputError("--traffic-jobs", "", args.traffic_jobs, "must be at least 1")
     started = time.perf_counter()
     traffic, scenario = load_traffic(
         args.traffic,
@@ -265,7 +273,11 @@ def run_traffic(
         f"replaying {len(traffic.base):,} requests over {traffic.span / 60:,.1f} min "
         f"from {args.traffic}"
     )
-    common = {"max_queue_wait": args.max_queue_wait, "precision": args.traffic_precision}
+    common = {
+        "max_queue_wait": args.max_queue_wait,
+        "precision": args.traffic_precision,
+        "jobs": args.traffic_jobs,
+    }
     base = assess_traffic(
         traffic, engine_at(result, scenario), label="as planned", say=say, **common
     )

@@ -297,47 +297,100 @@ def search(
     precision: float = DEFAULT_PRECISION,
     start: float = 1.0,
     step: float = 2.0,
+    width: int = 1,
+    evaluate_many: Callable[[Sequence[float]], Sequence[Outcome]] | None = None,
 ) -> Limit:
     """The largest multiple ``evaluate`` holds, to within ``precision`` (relative): from
     ``start``, multiplying (or dividing) by ``step`` until the answer changes, then
-    bisecting. A good guess for ``start`` with a small ``step`` saves probes."""
-    if precision <= 0 or step <= 1:
-        raise ValueError("precision must be above 0 and step above 1")
+    bisecting geometrically. A good guess for ``start`` with a small ``step`` saves probes.
+
+    With ``width`` > 1, each round probes ``width`` multiples at once through
+    ``evaluate_many`` (in parallel processes): the next ``width`` steps out, or ``width``
+    points splitting the bracket into ``width + 1`` equal ratios, so a round narrows it
+    ``width + 1``-fold instead of 2-fold."""
+    if precision <= 0 or step <= 1 or width < 1:
+        raise ValueError("precision must be above 0, step above 1 and width at least 1")
     probes: list[Outcome] = []
 
-    def probe(m: float) -> bool:
-        outcome = evaluate(m)
-        probes.append(outcome)
-        return outcome.held
+    def probe_all(ms: Sequence[float]) -> list[bool]:
+        outcomes = (
+            list(evaluate_many(ms))
+            if evaluate_many is not None and len(ms) > 1
+            else [evaluate(m) for m in ms]
+        )
+        probes.extend(outcomes)
+        return [o.held for o in outcomes]
 
     held: float | None = None
     failed: float | None = None
-    m = start
-    if probe(m):
-        held = m
-        while held < MAX_MULTIPLIER:
-            m = min(MAX_MULTIPLIER, held * step)
-            if not probe(m):
-                failed = m
-                break
-            held = m
-    else:
-        failed = m
-        while failed > MIN_MULTIPLIER:
-            m = max(MIN_MULTIPLIER, failed / step)
-            if probe(m):
+    if probe_all([start])[0]:
+        held = start
+        while held < MAX_MULTIPLIER and failed is None:
+            ms = [min(MAX_MULTIPLIER, held * step**k) for k in range(1, width + 1)]
+            ms = sorted(set(ms))
+            verdicts = probe_all(ms)
+            for m, ok in zip(ms, verdicts, strict=True):
+                if not ok:
+                    failed = m
+                    break
                 held = m
-                break
-            failed = m
+    else:
+        failed = start
+        while failed > MIN_MULTIPLIER and held is None:
+            ms = sorted({max(MIN_MULTIPLIER, failed / step**k) for k in range(1, width + 1)})
+            verdicts = probe_all(ms)
+            for m, ok in reversed(list(zip(ms, verdicts, strict=True))):
+                if ok:
+                    held = m
+                    break
+                failed = m
     if held is None or failed is None:
         return Limit(held, failed, tuple(probes))
     while failed / held - 1 > precision:
-        m = math.sqrt(held * failed)  # geometric: precision is relative
-        if probe(m):
+        ratio = failed / held
+        # Geometric points: precision is relative.
+        ms = [held * ratio ** (k / (width + 1)) for k in range(1, width + 1)]
+        verdicts = probe_all(ms)
+        # The lowest failure bounds from above; the highest hold below it from below.
+        for m, ok in zip(ms, verdicts, strict=True):
+            if not ok:
+                failed = m
+                break
             held = m
-        else:
-            failed = m
     return Limit(held, failed, tuple(probes))
+
+
+# Each worker process holds the traffic and the engine once (a day of traffic is large),
+# then replays the multiples it is sent.
+_WORKER: dict[str, object] = {}
+
+
+def _init_worker(traffic: Traffic, config: EngineConfig, bound: float) -> None:
+    _WORKER.update(traffic=traffic, config=config, bound=bound)
+
+
+def _replay_in_worker(multiplier: float) -> Outcome:
+    traffic = _WORKER["traffic"]
+    config = _WORKER["config"]
+    bound = _WORKER["bound"]
+    assert isinstance(traffic, Traffic)
+    assert isinstance(config, EngineConfig)
+    assert isinstance(bound, float)
+    return replay(traffic, config, multiplier, max_queue_wait=bound)
+
+
+def parallel_replays(
+    traffic: Traffic, config: EngineConfig, bound: float, jobs: int
+) -> tuple[Callable[[Sequence[float]], Sequence[Outcome]], Callable[[], None]]:
+    """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(traffic, config, bound))
+
+    def many(ms: Sequence[float]) -> Sequence[Outcome]:
+        return list(pool.map(_replay_in_worker, ms))
+
+    return many, lambda: pool.shutdown(cancel_futures=True)
 
 
 def engine_at(plan: Plan, scenario: Scenario | None = None) -> EngineConfig:
@@ -413,6 +466,7 @@ def assess_traffic(
     precision: float = DEFAULT_PRECISION,
     guess: float | None = None,
     say: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> Headroom:
     """The replay at 1× (run to the end, for its figures) and the search around it;
     ``guess`` (another deployment's answer) starts the search near the answer."""
@@ -440,12 +494,37 @@ def assess_traffic(
     def evaluate(m: float) -> Outcome:
         return first if m == 1.0 else run(m)
 
-    if guess is not None and guess > 0:
-        limit = search(evaluate, precision=precision, start=guess, step=1.25)
-        if first not in limit.probes:
-            limit = dataclasses.replace(limit, probes=(first, *limit.probes))
-    else:
-        limit = search(evaluate, precision=precision)
+    many: Callable[[Sequence[float]], Sequence[Outcome]] | None = None
+    pool = parallel_replays(traffic, config, max_queue_wait, jobs) if jobs > 1 else None
+    if pool is not None:
+        pooled = pool[0]
+
+        def many_said(ms: Sequence[float]) -> Sequence[Outcome]:
+            outcomes = pooled(ms)
+            for o in outcomes:
+                if say is not None:
+                    verdict = "holds" if o.held else f"fails ({_why(o, max_queue_wait)})"
+                    say(f"  {label} ×{o.multiplier:.3g}: {verdict} · {o.wall_seconds:.1f} s")
+            return outcomes
+
+        many = many_said
+    try:
+        if guess is not None and guess > 0:
+            limit = search(
+                evaluate,
+                precision=precision,
+                start=guess,
+                step=1.25,
+                width=jobs,
+                evaluate_many=many,
+            )
+            if first not in limit.probes:
+                limit = dataclasses.replace(limit, probes=(first, *limit.probes))
+        else:
+            limit = search(evaluate, precision=precision, width=jobs, evaluate_many=many)
+    finally:
+        if pool is not None:
+            pool[1]()
     return Headroom(label, first, limit)
 
 

@@ -140,3 +140,27 @@ def test_a_missing_log_exits_2_naming_it(
     assert code == 2
     assert "nope.jsonl" in err
     assert "cannot be read" in err
+
+
+def test_parallel_probes_bracket_the_same_threshold(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path, rate=2.0)
+    brackets = []
+    for jobs in ("1", "3"):
+        _, out, _ = run(
+            capsys,
+            "--traffic",
+            str(log),
+            *LOG_FLAGS,
+            "--no-what-if",
+            "--traffic-jobs",
+            jobs,
+            "--output",
+            "json",
+        )
+        doc = json.loads(out)["traffic"]
+        brackets.append((doc["max_multiplier"], doc["failed_multiplier"]))
+    (h1, f1), (h2, f2) = brackets
+    assert h1 < f2
+    assert h2 < f1

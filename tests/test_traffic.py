@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,11 @@ from exporter.simulator.engine import EngineConfig
 from exporter.simulator.scenario import Arrival
 from exporter.traffic import (
     COPY_SPREAD_SECONDS,
+    DEFAULT_MAX_QUEUE_WAIT,
     Outcome,
     Traffic,
     load_traffic,
+    parallel_replays,
     replay,
     search,
 )
@@ -174,3 +177,31 @@ def test_the_search_agrees_with_a_scan_of_multiples_on_a_real_log() -> None:
     for f in (1.1, 1.4):
         assert not run(limit.held * f).held, f"×{limit.held * f:.3f} should fail"
     assert math.isfinite(limit.held)
+
+
+def test_a_wider_search_needs_fewer_rounds_for_the_same_precision() -> None:
+    rounds: list[int] = []
+
+    def many(ms: Sequence[float]) -> list[Outcome]:
+        rounds.append(len(ms))
+        return [outcome(m, m <= 7.7) for m in ms]
+
+    limit = search(lambda m: outcome(m, m <= 7.7), precision=0.02, width=4, evaluate_many=many)
+    narrow = search(lambda m: outcome(m, m <= 7.7), precision=0.02)
+    assert limit.held is not None
+    assert limit.failed is not None
+    assert limit.held <= 7.7 < limit.failed
+    assert limit.failed / limit.held - 1 <= 0.02
+    assert len(rounds) + 1 < len(narrow.probes)
+
+
+def test_parallel_replays_give_the_sequential_verdicts() -> None:
+    traffic = Traffic.of("t", [Arrival(float(i), 400, 200) for i in range(60)])
+    many, close = parallel_replays(traffic, SMALL, DEFAULT_MAX_QUEUE_WAIT, 2)
+    try:
+        pooled = many([0.5, 3.0])
+    finally:
+        close()
+    alone = [replay(traffic, SMALL, m) for m in (0.5, 3.0)]
+    assert [o.held for o in pooled] == [o.held for o in alone]
+    assert [o.preemptions for o in pooled] == [o.preemptions for o in alone]
