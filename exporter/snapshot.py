@@ -238,7 +238,12 @@ def engine_view(
             recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
         )
         risk = assess(inputs)
-        headroom = load_headroom(risk, inputs)
+        headroom = load_headroom(
+            risk,
+            inputs,
+            kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
+            weights_bytes=plan.tightest.weights if plan is not None else None,
+        )
         current = [p for p in points if points and p.epoch == points[-1].epoch]
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt

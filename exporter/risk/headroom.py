@@ -20,9 +20,13 @@ of the two is the ratio; its resource is the one that binds first. Above 1 there
 (2 = twice today's traffic fits); at 1 the preemption risk crosses its alert line (or
 the batch is full); below 1 the traffic already exceeds what the pod holds.
 
-What it leaves out: a larger batch makes each step slower (more KV to read), so requests
-live longer and the occupancy grows a little faster than ``m``; and prefill compute
-(``max_num_batched_tokens``) can bind before either — the benchmark
+Slower steps: a larger batch makes each decode step slower (it reads more KV), so requests
+live longer and the occupancy grows faster than the arrival rate. Decode is memory-bound:
+a step reads the weights once and each token of context once, so with the deployment's
+KV bytes per token and weights the share of a step spent on KV is known, and the rate
+multiple that grows the occupancy ``g``-fold is ``g ÷ (1 − share + share·g)``
+(``rate_for_growth``); without them the growth is taken as linear. What it leaves out:
+prefill compute (``max_num_batched_tokens``), which can bind before either — the benchmark
 (``benchmarks/load_headroom.py``) measures how far that takes the ratio from the truth.
 """
 
@@ -63,9 +67,38 @@ def ceiling_fits(inputs: Inputs) -> bool:
     return touch is not None and touch <= 1.0 - _NORMAL.cdf(Z_HALF)
 
 
-def load_headroom(risk: Risk, inputs: Inputs) -> LoadHeadroom | None:
+def kv_read_share(level_tokens: float, kv_bytes_per_token: float, weights_bytes: float) -> float:
+    """The share of a decode step spent reading the KV cache: decode is memory-bound and
+    each step reads the weights once and every token of context once."""
+    kv = max(0.0, level_tokens) * kv_bytes_per_token
+    total = kv + max(0.0, weights_bytes)
+    return kv / total if total > 0 else 0.0
+
+
+def rate_for_growth(growth: float, share: float) -> float:
+    """The arrival-rate multiple at which the occupancy (and the batch) grows ``growth``
+    times, when a step spends ``share`` of its time reading the KV cache.
+
+    Little's law: occupancy = rate × token-steps per request × step time, and the step
+    time is ``(1 − share) + share × growth`` times today's (the weights cost the same,
+    the KV read grows with the occupancy). So ``growth = m × (1 − share + share ×
+    growth)``, and ``m = growth ÷ (1 − share + share × growth)``."""
+    if math.isinf(growth):
+        return math.inf if share <= 0 else 1.0 / share
+    return growth / (1.0 - share + share * growth)
+
+
+def load_headroom(
+    risk: Risk,
+    inputs: Inputs,
+    *,
+    kv_bytes_per_token: float | None = None,
+    weights_bytes: float | None = None,
+) -> LoadHeadroom | None:
     """The traffic multiple the engine holds, from the risk model's forecast and the
-    batch; None without traffic to scale (nothing running, waiting or held)."""
+    batch; None without traffic to scale (nothing running, waiting or held). With the
+    deployment's KV bytes per token and weights (per GPU), a larger batch's slower steps
+    are counted (``rate_for_growth``)."""
     points, capacity_tokens, max_num_seqs = (
         inputs.points,
         inputs.capacity_tokens,
@@ -80,10 +113,13 @@ def load_headroom(risk: Risk, inputs: Inputs) -> LoadHeadroom | None:
     demand = sum(level) / len(level) + sum(queue) / len(queue)
     if risk.level_tokens <= 0 and demand <= 0:
         return None
-    kv = kv_multiple(risk.level_tokens, risk.spread_tokens, capacity_tokens)
+    share = 0.0
+    if kv_bytes_per_token and weights_bytes:
+        share = kv_read_share(risk.level_tokens, kv_bytes_per_token, weights_bytes)
+    kv = rate_for_growth(kv_multiple(risk.level_tokens, risk.spread_tokens, capacity_tokens), share)
     if ceiling_fits(inputs):
         kv = math.inf
-    seqs = max_num_seqs / demand if max_num_seqs and demand > 0 else None
+    seqs = rate_for_growth(max_num_seqs / demand, share) if max_num_seqs and demand > 0 else None
     if seqs is not None and seqs < kv:
         return LoadHeadroom(seqs, "max_num_seqs", kv, seqs)
     if math.isinf(kv):

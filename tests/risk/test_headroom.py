@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from exporter.risk.headroom import kv_multiple, load_headroom
+from exporter.risk.headroom import kv_multiple, kv_read_share, load_headroom, rate_for_growth
 from exporter.risk.model import ALERT_THRESHOLD, IDLE, Z_HALF, Inputs, Point, Risk, assess
 from tests.risk.test_model import GENERATION, PROMPT, history, inputs
 
@@ -84,3 +84,28 @@ def test_a_batch_cap_that_fits_the_cache_leaves_only_the_batch_to_bind() -> None
     assert h is not None
     assert h.resource == "max_num_seqs"
     assert math.isinf(h.kv_ratio)
+
+
+def test_without_kv_reads_the_rate_grows_the_occupancy_in_proportion() -> None:
+    assert rate_for_growth(3.0, 0.0) == pytest.approx(3.0)
+
+
+def test_slower_steps_leave_less_rate_than_occupancy_growth() -> None:
+    # A third of each step reads the KV: 3× the occupancy also makes steps 5/3 as long.
+    assert rate_for_growth(3.0, 1 / 3) == pytest.approx(3.0 / (5 / 3))
+
+
+def test_the_kv_read_share_is_the_kv_bytes_over_all_bytes_a_step_reads() -> None:
+    # 10,000 tokens × 100 kB = 1 GB of KV next to 3 GB of weights.
+    assert kv_read_share(10_000, 100_000, 3e9) == pytest.approx(0.25)
+
+
+def test_a_deployment_whose_steps_slow_down_holds_less_traffic() -> None:
+    given = steady(running=20)
+    plain = load_headroom(risk(20_000.0, 1_000.0), given)
+    slowing = load_headroom(
+        risk(20_000.0, 1_000.0), given, kv_bytes_per_token=131_072, weights_bytes=16e9
+    )
+    assert plain is not None
+    assert slowing is not None
+    assert 1 < slowing.ratio < plain.ratio
