@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds the 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dashboard_m
 
-from dashboards import capacity, context_lengths, gpu_memory, pressure
+from dashboards import capacity, context_lengths, fleet, gpu_memory, pressure
 from dashboards.pressure import EXHAUSTION_CLAMP_SECONDS
 
 __all__ = [
@@ -58,6 +58,7 @@ DASHBOARDS: dict[str, Callable[[], dashboard_m.Dashboard]] = {
     "kv-cache-pressure.json": pressure.pressure,
     "context-lengths.json": context_lengths.context_lengths,
     "gpu-memory.json": gpu_memory.gpu_memory,
+    "fleet-overview.json": fleet.fleet_overview,
 }
 
 # --- rendering ----------------------------------------------------------------------------

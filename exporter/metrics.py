@@ -19,6 +19,7 @@ from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
 from exporter.risk.bottleneck import RESOURCES
+from exporter.risk.headroom import RESOURCES as HEADROOM_RESOURCES
 from exporter.snapshot import EngineView, Snapshot
 from exporter.sources.nvml import MAX_GPUS
 from exporter.sources.vllm_page import (
@@ -86,6 +87,8 @@ METRICS: tuple[Spec, ...] = (
     Spec("seconds_to_exhaustion", "gauge", _E, "Free KV tokens over the growth of used tokens (trend over the last minute); +Inf when not growing.", "seconds", "risk model"),
     Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
     Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
+    Spec("load_headroom_ratio", "gauge", _E, "How many times today's traffic (arrival rate, same request mix) the engine holds before the forecast KV level reaches the preemption alert point or the batch fills max_num_seqs; below 1: scale out. Absent without traffic.", "ratio", "risk model"),
+    Spec("load_headroom_resource", "gauge", ("engine", "resource"), "Which limit load_headroom_ratio hits first: 1 for the binding resource (kv_cache, max_num_seqs), 0 for the other.", "bool", "risk model"),
     Spec("bottleneck", "gauge", ("engine", "resource"), "What keeps waiting requests from being admitted: 1 for the binding resource (kv_cache, max_num_seqs, compute, stalled, none), 0 for the others.", "bool", "risk model"),
     # gpu
     Spec("gpu_memory_total_bytes", "gauge", ("gpu",), "GPU memory total (NVML).", "bytes", "NVML"),
@@ -296,6 +299,11 @@ class SnapshotCollector:
             f.add("seconds_to_exhaustion", [e], v.risk.seconds_to_exhaustion)
             f.add("preemption_risk", [e], v.risk.preemption_risk)
             f.add("risk_history_seconds", [e], v.risk.history_seconds)
+        if v.load_headroom_ratio is not None:
+            f.add("load_headroom_ratio", [e], v.load_headroom_ratio)
+            for resource in HEADROOM_RESOURCES:
+                binding = 1.0 if resource == v.load_headroom_resource else 0.0
+                f.add("load_headroom_resource", [e, resource], binding)
         if v.bottleneck is not None:
             for resource in RESOURCES:
                 f.add("bottleneck", [e, resource], 1.0 if resource == v.bottleneck else 0.0)

@@ -6,7 +6,10 @@ import argparse
 import json
 import math
 import re
+import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.capacity.arch import parse_config
@@ -24,7 +27,20 @@ from exporter.capacity.releases import (
     release,
 )
 from exporter.errors import InputError
+from exporter.simulator.requestlog import ROLES
+from exporter.simulator.scenario import parse_duration
 from exporter.sources.model_dir import load_catalogue, load_model
+from exporter.traffic import (
+    DEFAULT_MAX_QUEUE_WAIT,
+    DEFAULT_PRECISION,
+    QUEUE_WAIT_QUANTILE,
+    Headroom,
+    Outcome,
+    Traffic,
+    assess_traffic,
+    engine_at,
+    load_traffic,
+)
 
 EXIT_OK, EXIT_WONT_START, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -150,6 +166,39 @@ def add_parser(sub: Any) -> None:
         help="tokens per sequence: 2000, 2000,8000, or a distribution p50=1200,p95=4000 "
         "(default: max_model_len)",
     )
+    p.add_argument(
+        "--traffic",
+        metavar="FILE",
+        help="replay this traffic at the planned deployment: a request log (CSV or JSON "
+        "Lines) or a scenario (YAML file or built-in name); finds the largest multiple held",
+    )
+    p.add_argument(
+        "--max-queue-wait",
+        type=_duration("--max-queue-wait"),
+        default=DEFAULT_MAX_QUEUE_WAIT,
+        help=f"with --traffic: the p{QUEUE_WAIT_QUANTILE * 100:.0f} queue wait a multiple may "
+        f"reach and still hold (default {DEFAULT_MAX_QUEUE_WAIT:g}s)",
+    )
+    p.add_argument(
+        "--traffic-precision",
+        type=float,
+        default=DEFAULT_PRECISION,
+        help="with --traffic: stop the search when the multiple held and the one failed "
+        f"are this close, relative (default {DEFAULT_PRECISION:g})",
+    )
+    p.add_argument(
+        "--traffic-columns",
+        default="",
+        help="with a request log: role=column pairs, e.g. time=ts,prompt=in,output=out "
+        f"(roles: {', '.join(ROLES)})",
+    )
+    p.add_argument("--traffic-time-unit", default="s", choices=("s", "ms", "us"))
+    p.add_argument(
+        "--traffic-jobs",
+        type=int,
+        default=1,
+        help="with --traffic: replay this many multiples at once, in parallel processes",
+    )
     p.add_argument("--output", choices=("table", "json"), default="table", help="table or json")
     p.add_argument("--no-what-if", action="store_true", help="skip the alternatives")
     p.set_defaults(func=run)
@@ -227,6 +276,31 @@ def _size(flag: str) -> Any:
     return parse
 
 
+def _duration(flag: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, flag, "")
+        except InputError as e:
+            raise argparse.ArgumentTypeError(e.problem) from None
+
+    return parse
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        role, sep, name = part.partition("=")
+        role, name = role.strip(), name.strip()
+        if not sep or role not in ROLES or not name:
+            raise InputError(
+                "--traffic-columns", "", part, f"write role=column; roles: {', '.join(ROLES)}"
+            )
+        out[role] = name
+    return out
+
+
 def parse_contexts(values: Sequence[str]) -> tuple[Context, ...]:
     out: list[Context] = []
     for value in values:
@@ -291,11 +365,113 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     result = plan(build_request(args))
     alternatives = () if args.no_what_if else what_ifs(result)
+    traffic = None
+    if args.traffic and not result.startup_failure:
+        traffic = run_traffic(args, result, alternatives)
     if args.output == "json":
-        print(json.dumps(plan_json(result, alternatives), indent=2))
+        print(json.dumps(plan_json(result, alternatives, traffic), indent=2))
     else:
-        print(render_table(result, alternatives))
+        print(render_table(result, alternatives, traffic))
     return EXIT_WONT_START if result.startup_failure else EXIT_OK
+
+
+@dataclass(frozen=True)
+class TrafficReport:
+    source: str
+    traffic: Traffic
+    max_queue_wait: float
+    base: Headroom
+    alternatives: dict[str, Headroom]  # by what-if label
+    wall_seconds: float
+
+
+def run_traffic(
+    args: argparse.Namespace, result: Plan, alternatives: Sequence[WhatIf]
+) -> TrafficReport:
+    """The traffic through the planned deployment, then through each what-if."""
+    if not 0 < args.traffic_precision < 1:
+        raise InputError("--traffic-precision", "", args.traffic_precision, "must be in (0, 1)")
+    if args.traffic_jobs < 1:
+        raise InputError("--traffic-jobs", "", args.traffic_jobs, "must be at least 1")
+    started = time.perf_counter()
+    traffic, scenario = load_traffic(
+        args.traffic,
+        columns=parse_columns(args.traffic_columns),
+        time_unit=args.traffic_time_unit,
+    )
+    if not traffic.base:
+        raise InputError(args.traffic, "", None, "holds no request to replay")
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    say(
+        f"replaying {len(traffic.base):,} requests over {traffic.span / 60:,.1f} min "
+        f"from {args.traffic}"
+    )
+    common = {
+        "max_queue_wait": args.max_queue_wait,
+        "precision": args.traffic_precision,
+        "jobs": args.traffic_jobs,
+    }
+    base = assess_traffic(
+        traffic, engine_at(result, scenario), label="as planned", say=say, **common
+    )
+    alts: dict[str, Headroom] = {}
+    for w in alternatives:
+        if w.plan is not None and not w.plan.startup_failure:
+            alts[w.label] = assess_traffic(
+                traffic,
+                engine_at(w.plan, scenario),
+                label=w.label,
+                guess=base.limit.held,
+                say=say,
+                **common,
+            )
+    wall = time.perf_counter() - started
+    say(f"traffic replayed in {wall:.1f} s")
+    return TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, wall)
+
+
+def _outcome_json(o: Outcome) -> dict[str, Any]:
+    return {
+        "multiplier": round(o.multiplier, 4),
+        "held": o.held,
+        "complete": o.complete,
+        "preemptions": o.preemptions,
+        "first_preemption_seconds": o.first_preemption_seconds,
+        "peak_kv_usage": round(o.peak_kv_usage, 4),
+        "p95_kv_usage": round(o.p95_kv_usage, 4),
+        "queue_wait_seconds": {k: round(v, 3) for k, v in o.queue_wait_seconds.items()},
+        "binding_resource": o.binding,
+        "waiting_seconds": {k: round(v, 1) for k, v in o.waiting_seconds.items() if k != "none"},
+        "wall_seconds": round(o.wall_seconds, 3),
+    }
+
+
+def _limit_json(h: Headroom) -> dict[str, Any]:
+    lim = h.limit
+    return {
+        "max_multiplier": None if lim.held is None else round(lim.held, 4),
+        "failed_multiplier": None if lim.failed is None else round(lim.failed, 4),
+        "precision": None if lim.precision is None else round(lim.precision, 4),
+        "binding_resource": lim.binding,
+    }
+
+
+def traffic_json(t: TrafficReport) -> dict[str, Any]:
+    return {
+        "source": t.source,
+        "requests": len(t.traffic.base),
+        "sequences": t.traffic.sequences,
+        "duration_seconds": round(t.traffic.span, 3),
+        "max_queue_wait_seconds": t.max_queue_wait,
+        "queue_wait_quantile": QUEUE_WAIT_QUANTILE,
+        "replay": _outcome_json(t.base.at_one),
+        **_limit_json(t.base),
+        "probes": [_outcome_json(p) for p in t.base.limit.probes],
+        "wall_seconds": round(t.wall_seconds, 3),
+    }
 
 
 def _summary(p: Plan) -> dict[str, Any]:
@@ -308,7 +484,9 @@ def _summary(p: Plan) -> dict[str, Any]:
     }
 
 
-def plan_json(p: Plan, alternatives: Sequence[WhatIf] = ()) -> dict[str, Any]:
+def plan_json(
+    p: Plan, alternatives: Sequence[WhatIf] = (), traffic: TrafficReport | None = None
+) -> dict[str, Any]:
     req, t = p.request, p.tightest
     failure = p.startup_failure
     return {
@@ -356,9 +534,18 @@ def plan_json(p: Plan, alternatives: Sequence[WhatIf] = ()) -> dict[str, Any]:
             "estimated_max_model_len": failure.estimated_max_model_len,
         },
         "what_if": [
-            {"change": w.label, **(_summary(w.plan) if w.plan else {"not_possible": w.reason})}
+            {
+                "change": w.label,
+                **(_summary(w.plan) if w.plan else {"not_possible": w.reason}),
+                **(
+                    {"traffic": _limit_json(traffic.alternatives[w.label])}
+                    if traffic is not None and w.label in traffic.alternatives
+                    else {}
+                ),
+            }
             for w in alternatives
         ],
+        **({"traffic": traffic_json(traffic)} if traffic is not None else {}),
     }
 
 
@@ -366,7 +553,51 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.2f} GiB"
 
 
-def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
+def _multiple(h: Headroom | None) -> str:
+    if h is None:
+        return ""
+    lim = h.limit
+    if lim.held is None:
+        return f"  < ×{lim.failed:.3g} traffic"
+    if lim.failed is None:
+        return f"  ≥ ×{lim.held:.3g} traffic"
+    return f"  ×{lim.held:.3g} traffic ({lim.binding})"
+
+
+def traffic_lines(t: TrafficReport) -> list[str]:
+    o, lim = t.base.at_one, t.base.limit
+    waits = o.queue_wait_seconds
+    lines = [
+        "",
+        f"Traffic: {t.source} · {len(t.traffic.base):,} requests over "
+        f"{t.traffic.span / 60:,.1f} min, replayed at this deployment",
+        f"  KV usage                peak {o.peak_kv_usage:.0%}, p95 {o.p95_kv_usage:.0%}",
+        f"  preemptions             {o.preemptions:,}"
+        + (
+            f" (first at {o.first_preemption_seconds / 60:.1f} min)"
+            if o.first_preemption_seconds is not None
+            else ""
+        ),
+        f"  queue wait              p50 {waits['p50']:.2f} s, p95 {waits['p95']:.2f} s, "
+        f"p99 {waits['p99']:.2f} s",
+        f"  requests wait on        {o.binding}",
+    ]
+    rule = f"no preemption, p{QUEUE_WAIT_QUANTILE * 100:.0f} queue wait ≤ {t.max_queue_wait:g} s"
+    if lim.held is None:
+        lines.append(f"  holds                   less than ×{lim.failed:.3g} ({rule})")
+    elif lim.failed is None:
+        lines.append(f"  holds                   at least ×{lim.held:.3g} ({rule})")
+    else:
+        lines.append(
+            f"  holds                   ×{lim.held:.3g} this traffic ({rule}); "
+            f"×{lim.failed:.3g} fails on {lim.binding} (±{(lim.precision or 0) * 100:.1f} %)"
+        )
+    return lines
+
+
+def render_table(
+    p: Plan, alternatives: Sequence[WhatIf] = (), traffic: TrafficReport | None = None
+) -> str:
     req, t, arch, src = p.request, p.tightest, p.request.arch, p.sources
     tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
     kv_names: dict[float, str] = {1: "fp8", 2: "16-bit", 4: "fp32"}
@@ -436,6 +667,8 @@ def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
         lines.append(f"approximate: {reason}")
     for note in p.notes:
         lines.append(f"note: {note}")
+    if traffic is not None:
+        lines += traffic_lines(traffic)
     if alternatives:
         lines += ["", "What if"]
         first = p.sequences[0][0]
@@ -451,5 +684,6 @@ def render_table(p: Plan, alternatives: Sequence[WhatIf] = ()) -> str:
             lines.append(
                 f"  {w.label:<38} {q.cap.num_blocks:>10,} blocks {pct:>7}  "
                 f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>7,} seqs @ {first.label}"
+                + _multiple(traffic.alternatives.get(w.label) if traffic else None)
             )
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
 from exporter.risk.bottleneck import classify
+from exporter.risk.headroom import load_headroom
 from exporter.risk.model import Inputs, Point, Risk, assess
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
@@ -76,6 +77,9 @@ class EngineView:
     bottleneck: str | None = None
     bottleneck_evidence: str = ""
     budget_drift_ratio: float | None = None  # observed ÷ expected blocks
+    # How many times today's traffic the engine holds, and what binds first (risk/headroom.py).
+    load_headroom_ratio: float | None = None
+    load_headroom_resource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,22 +218,26 @@ def engine_view(
 
     risk = None
     bottleneck = None
+    headroom = None
     if not stale and occupancy is not None and recent:
         points = _points(recent, raw.engine)
-        risk = assess(
-            Inputs(
-                points=points,
-                capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
-                block_size=occupancy.block_size,
-                max_num_seqs=max_num_seqs,
-                prompt=prompt,
-                generation=generation,
-                sequences_per_request=seqs_per_request,
-                recent_prompt=_recent_histogram(recent, raw.engine, now_totals, "prompt_len"),
-                recent_generation=_recent_histogram(
-                    recent, raw.engine, now_totals, "generation_len"
-                ),
-            )
+        inputs = Inputs(
+            points=points,
+            capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
+            block_size=occupancy.block_size,
+            max_num_seqs=max_num_seqs,
+            prompt=prompt,
+            generation=generation,
+            sequences_per_request=seqs_per_request,
+            recent_prompt=_recent_histogram(recent, raw.engine, now_totals, "prompt_len"),
+            recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
+        )
+        risk = assess(inputs)
+        headroom = load_headroom(
+            risk,
+            inputs,
+            kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
+            weights_bytes=plan.tightest.weights if plan is not None else None,
         )
         current = [p for p in points if points and p.epoch == points[-1].epoch]
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
@@ -268,6 +276,8 @@ def engine_view(
         risk=risk,
         bottleneck=bottleneck.resource if bottleneck is not None else None,
         bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
+        load_headroom_ratio=headroom.ratio if headroom is not None else None,
+        load_headroom_resource=headroom.resource if headroom is not None else None,
         budget_drift_ratio=(
             num_blocks / plan.cap.num_blocks
             if plan is not None and num_blocks is not None and plan.cap.num_blocks

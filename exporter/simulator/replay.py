@@ -38,6 +38,8 @@ class Tick:
     overcommit_ratio: float
     truth: str = "none"  # the reason requests waited longest over the poll's interval
     gauge: str | None = None  # the resource the sidecar's bottleneck gauge named
+    load_headroom_ratio: float | None = None  # None: no traffic to scale
+    load_headroom_resource: str | None = None
 
 
 def gauge_resource(value: object) -> str | None:
@@ -119,6 +121,8 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
                 truth=max(waited.items(), key=lambda kv: kv[1])[0],
                 # The lead engineer's gauge lands on EngineView later: read it if there.
                 gauge=gauge_resource(getattr(view, "bottleneck", None)),
+                load_headroom_ratio=view.load_headroom_ratio if view else None,
+                load_headroom_resource=view.load_headroom_resource if view else None,
             )
         )
     await poller.close()

@@ -159,6 +159,10 @@ def _engine_config(scenario: Scenario, sized: Plan, gpu: Gpu) -> EngineConfig:
     )
 
 
+# Public for ``plan --traffic``, which runs a scenario's traffic at its own plan.
+engine_config = _engine_config
+
+
 class Simulation:
     """One scenario on one engine. ``advance_to(t)`` is the only way time moves."""
 

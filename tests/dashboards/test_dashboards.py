@@ -24,9 +24,10 @@ def panel(boards: Boards, title: str) -> dict[str, Any]:
     return found[0]
 
 
-def test_the_four_dashboards_have_their_titles(boards: Boards) -> None:
+def test_the_five_dashboards_have_their_titles(boards: Boards) -> None:
     assert sorted(b["title"] for b in boards.values()) == [
         "Context lengths",
+        "Fleet overview",
         "GPU memory",
         "KV cache capacity",
         "KV cache pressure",

@@ -55,6 +55,7 @@ def test_panel_queries_lists_every_query_of_the_committed_files() -> None:
         "KV cache pressure",
         "Context lengths",
         "GPU memory",
+        "Fleet overview",
     }
 
 

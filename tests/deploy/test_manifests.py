@@ -37,8 +37,9 @@ from tests.deploy.conftest import (
 # The oldest Kubernetes minor still maintained when this was written, and the newest the
 # validator knows: a field added or removed in between fails one of the two.
 K8S_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
-OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
 CRD_DIR = FIXTURES / "prometheus-operator-crd"
+CRD_DIRS = (CRD_DIR, FIXTURES / "keda-crd")
 EXAMPLE = KUBERNETES / "example"
 
 WORKLOADS = """\
@@ -288,7 +289,7 @@ def _strict(schema: Any) -> Any:
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) → the CRD's OpenAPI schema for that served version."""
     schemas = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
+    for path in sorted(p for folder in CRD_DIRS for p in folder.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         for version in crd["spec"]["versions"]:
             key = (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])
@@ -312,7 +313,7 @@ def test_rendered_operator_objects_match_the_operator_crds(tmp_path: Path) -> No
             path = ".".join(str(p) for p in e.absolute_path)
             pytest.fail(f"{where}: {obj['kind']}/{obj['metadata']['name']} at {path}: {e.message}")
         seen.add(obj["kind"])
-    assert {"PodMonitor", "ServiceMonitor"} <= seen
+    assert {"PodMonitor", "ServiceMonitor", "ScaledObject"} <= seen
 
 
 def test_validators_reject_a_misspelt_field() -> None:

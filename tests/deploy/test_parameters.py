@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -21,7 +22,6 @@ from tests.deploy.recipes import (
 from tests.deploy.test_manifests import (
     K8S_VERSIONS,
     OPERATOR_KINDS,
-    kubernetes_validate,
     validate_operator_object,
 )
 

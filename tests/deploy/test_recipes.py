@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -29,7 +30,6 @@ from tests.deploy.test_manifests import (
     by_name,
     check_config,
     container_env,
-    kubernetes_validate,
     validate_operator_object,
     with_components,
 )

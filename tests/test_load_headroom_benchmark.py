@@ -1,0 +1,54 @@
+"""benchmarks/load_headroom.py: how it scores the live ratio against the replayed truth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.load_headroom import below_one_since, summarise, window_traffic
+from exporter.simulator.replay import Replay, Tick
+from exporter.simulator.scenario import Arrival
+from exporter.simulator.simulation import load_scenario
+from exporter.traffic import Traffic
+
+
+def run(first: float | None, lead: float | None, windows: list[tuple[float, float]]) -> Any:
+    return {
+        "first_preemption_seconds": first,
+        "lead_seconds": lead,
+        "below_one_minutes": 0.0,
+        "windows": [
+            {"live": live, "true": true, "true_binding": "kv_cache"} for live, true in windows
+        ],
+    }
+
+
+def test_the_error_counts_only_windows_whose_truth_is_above_one_point_two() -> None:
+    result = summarise([run(None, None, [(2.2, 2.0), (3.0, 2.0), (0.1, 0.9)])])
+    assert result["windows_true_above_1_2"] == 2
+    assert result["relative_error"]["median"] == pytest.approx(0.5)
+
+
+def test_an_overload_run_counts_as_warned_only_with_a_positive_lead() -> None:
+    result = summarise([run(600.0, 30.0, []), run(600.0, -10.0, []), run(600.0, None, [])])
+    assert result["overload_runs"] == 3
+    assert result["below_one_before_first_preemption"] == 1
+
+
+def tick(t: float, ratio: float | None) -> Tick:
+    return Tick(t, 0.5, 0.0, 0, 1.0, 0.0, 0.0, 60.0, 0.0, load_headroom_ratio=ratio,
+                load_headroom_resource="kv_cache")  # fmt: skip
+
+
+def test_below_one_must_hold_for_the_whole_hold_time() -> None:
+    ratios = [1.5, 0.9, 1.1, 0.9, 0.8, 0.7, 0.6]
+    ticks = [tick(2.0 * i, r) for i, r in enumerate(ratios)]
+    rep = Replay(load_scenario("steady"), ticks, None)
+    assert below_one_since(rep, hold=4.0) == 6.0
+
+
+def test_a_window_is_its_arrivals_from_zero_repeated() -> None:
+    traffic = Traffic.of("t", [Arrival(float(t), 100, 10) for t in range(0, 100, 10)])
+    piece = window_traffic(traffic, 20.0, 30.0, laps=2)
+    assert [a.time for a in piece.base] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]

@@ -1,0 +1,166 @@
+"""``kv-headroom plan --traffic`` as a user runs it: the figures, the JSON, the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main
+
+PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
+
+
+def write_log(folder: Path, rate: float = 1.0, seconds: int = 60) -> Path:
+    """A CSV log in its own column names: ``rate`` requests a second of chat-sized work."""
+    rows = ["ts_ms,in,out"]
+    n = int(rate * seconds)
+    for i in range(n):
+        rows.append(f"{int(i * 1000 / rate)},{600 + 37 * (i % 11)},{120 + 13 * (i % 7)}")
+    path = folder / "chat.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main([*PLAN, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+LOG_FLAGS = ["--traffic-columns", "time=ts_ms,prompt=in,output=out", "--traffic-time-unit", "ms"]
+
+
+def test_json_carries_the_replay_and_the_largest_multiple_held(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path)
+    code, out, _ = run(
+        capsys, "--traffic", str(log), *LOG_FLAGS, "--no-what-if", "--output", "json"
+    )
+    doc = json.loads(out)["traffic"]
+    assert code == 0
+    assert doc["requests"] == 60
+    assert set(doc["replay"]["queue_wait_seconds"]) == {"p50", "p95", "p99"}
+    for key in ("peak_kv_usage", "p95_kv_usage", "preemptions", "binding_resource"):
+        assert key in doc["replay"]
+    assert doc["max_multiplier"] > 1
+    assert doc["failed_multiplier"] / doc["max_multiplier"] - 1 == pytest.approx(
+        doc["precision"], abs=1e-3
+    )
+
+
+def test_each_what_if_gains_the_multiple_it_holds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path)
+    _, out, _ = run(capsys, "--traffic", str(log), *LOG_FLAGS, "--output", "json")
+    doc = json.loads(out)
+    fp8 = next(w for w in doc["what_if"] if w["change"].startswith("FP8"))
+    # Twice the blocks on the same traffic: at least as much traffic held.
+    assert fp8["traffic"]["max_multiplier"] >= doc["traffic"]["max_multiplier"]
+
+
+def test_table_says_what_the_deployment_holds_and_progress_goes_to_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path)
+    code, out, err = run(capsys, "--traffic", str(log), *LOG_FLAGS, "--no-what-if")
+    assert code == 0
+    assert "holds                   ×" in out
+    assert "queue wait              p50" in out
+    assert "replaying 60 requests" in err
+    assert "as planned ×1: holds" in err
+
+
+def test_a_tighter_queue_bound_holds_less_traffic(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Four sequences at a time: the queue, not the cache, limits this deployment.
+    log = write_log(tmp_path, rate=2.0)
+    held = []
+    for bound in ("30s", "200ms"):
+        _, out, _ = run(
+            capsys,
+            "--traffic",
+            str(log),
+            *LOG_FLAGS,
+            "--no-what-if",
+            "--max-num-seqs",
+            "4",
+            "--max-queue-wait",
+            bound,
+            "--output",
+            "json",
+        )
+        held.append(json.loads(out)["traffic"]["max_multiplier"])
+    assert held[1] < held[0]
+
+
+def test_a_scenario_is_traffic_too(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "--max-num-seqs",
+        "20",
+        "--traffic",
+        "steady-full",
+        "--no-what-if",
+        "--output",
+        "json",
+    )
+    doc = json.loads(out)["traffic"]
+    assert code == 0
+    assert doc["binding_resource"] == "max_num_seqs"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--traffic-columns", "when=ts"], "--traffic-columns = 'when=ts'"),
+        (["--traffic-columns", "prompt=in,output=out"], "has no column 'timestamp'"),
+        (["--traffic-precision", "0"], "--traffic-precision = 0.0"),
+    ],
+)
+def test_bad_traffic_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str
+) -> None:
+    log = write_log(tmp_path)
+    code, out, err = run(capsys, "--traffic", str(log), *args)
+    assert code == 2
+    assert out == ""
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_log_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(capsys, "--traffic", str(tmp_path / "nope.jsonl"))
+    assert code == 2
+    assert "nope.jsonl" in err
+    assert "cannot be read" in err
+
+
+def test_parallel_probes_bracket_the_same_threshold(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path, rate=2.0)
+    brackets = []
+    for jobs in ("1", "3"):
+        _, out, _ = run(
+            capsys,
+            "--traffic",
+            str(log),
+            *LOG_FLAGS,
+            "--no-what-if",
+            "--traffic-jobs",
+            jobs,
+            "--output",
+            "json",
+        )
+        doc = json.loads(out)["traffic"]
+        brackets.append((doc["max_multiplier"], doc["failed_multiplier"]))
+    (h1, f1), (h2, f2) = brackets
+    assert h1 < f2
+    assert h2 < f1
