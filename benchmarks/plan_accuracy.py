@@ -62,13 +62,37 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     and the pre-0.17 sorting bytes stay counted from the code). Non-torch memory is refit
     from single-GPU rows; the TP extra (comm buffers) only where TP rows print it.
     """
+
+    def non_torch(rows: list[StartupPoint]) -> int | None:
+        values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
+        return int(statistics.fmean(values)) if values else None
+
+    single_nt = non_torch([pt for pt in points if pt.tp == 1])
+    tp_nt = non_torch([pt for pt in points if pt.tp > 1])
+    single = single_nt if single_nt is not None else fallback.non_torch_single_by_era[-1][1]
+    tp_extra = fallback.non_torch_tp - fallback.non_torch_single_by_era[-1][1]
+
     forward: list[float] = []
     sampler: list[float] = []
     for pt in points:
-        peak = _note(pt, "torch peak increase")
-        if peak is None or pt.pp > 1:
+        if pt.pp > 1:
             continue
         p = plan(replace(pt.request, overhead=fallback))
+        peak = _note(pt, "torch peak increase")
+        if peak is None and pt.printed_weights_bytes is not None and pt.tp == 1:
+            # Without a printed breakdown, what the weights and the KV cache leave of the
+            # ceiling is the profile peak plus non-torch memory (and, from 0.20, the graph
+            # estimate): take the non-torch figure the breakdown rows give.
+            stage = p.stages[0]
+            peak = (
+                stage.requested
+                - pt.printed_weights_bytes
+                - pt.printed_kv_bytes
+                - single
+                - stage.cuda_graph
+            )
+        if peak is None or peak <= 0:
+            continue
         arch = p.request.arch
         dtype_bytes = 4 if arch.dtype == "float32" else 2
         width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
@@ -83,14 +107,6 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
             extra = per_entry - fallback.sampler_fixed_bytes
             sampler.append(peak / entries - extra)
 
-    def non_torch(rows: list[StartupPoint]) -> int | None:
-        values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
-        return int(statistics.fmean(values)) if values else None
-
-    single_nt = non_torch([pt for pt in points if pt.tp == 1])
-    tp_nt = non_torch([pt for pt in points if pt.tp > 1])
-    single = single_nt if single_nt is not None else fallback.non_torch_single_by_era[-1][1]
-    tp_extra = fallback.non_torch_tp - fallback.non_torch_single_by_era[-1][1]
     return replace(
         fallback,
         forward_bytes=statistics.fmean(forward) if forward else fallback.forward_bytes,
@@ -109,6 +125,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
 PRIOR = replace(
     OverheadModel(),
     forward_bytes=3.0,
+    sampler_fixed_bytes=12.0,  # the sampler's code count: three fp32 logits-sized buffers
     non_torch_single_by_era=(((0, 0, 0), 0),),
     non_torch_pp_stage=0,
     non_torch_tp=OverheadModel().non_torch_tp - OverheadModel().non_torch_single_by_era[-1][1],
@@ -147,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     points = load_points()
     shipped = OverheadModel()
     refit_all = fit(points, PRIOR)
-    profiled = [pt for pt in points if _note(pt, "torch peak increase") is not None]
+    profiled = [
+        pt
+        for pt in points
+        if _note(pt, "torch peak increase") is not None
+        or (pt.printed_weights_bytes is not None and pt.tp == pt.pp == 1)
+    ]
     errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "lofo": [], "naive": []}
     rows = []
     for pt in points:
@@ -213,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p90_ratio = naive["p90_abs_error_pct"] / max(held["p90_abs_error_pct"], 1e-9)
     print(f"\nheld-out vs naive: median error {median_ratio:.0f}× smaller, p90 {p90_ratio:.0f}×")
     r, s = refit_all, shipped
-    print(f"rows whose printed profile refits a coefficient: {len(profiled)}")
+    print(f"rows whose printed profile or weights refit a coefficient: {len(profiled)}")
     print("coefficients refit on all rows (shipped in parentheses; they should agree):")
     print(
         f"  sampler {r.sampler_fixed_bytes:.2f} + {r.sampler_dtype_bytes:.2f}/dtype byte "

@@ -16,13 +16,16 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``S`` is counted from vLLM's sampler code, not fitted: the logits in the model dtype,
-  their fp32 copy (``Sampler.forward``), the softmax probabilities and the renormalised
-  probabilities FlashInfer's top-k/top-p sampler writes: ``(3 × 4 B + dtype bytes)`` per
-  entry. Before 0.17 the sampler's peak was larger (the shared reference's version sweep);
-  it is modelled as the sorting top-k/top-p path (``logits.sort``: fp32 values and int64
-  indices, 12 B more per entry). This term is *unmeasured* on public start-ups: in every
-  public row with a profile breakdown the forward pass hides it.
+  ``S`` is ``(fixed + dtype bytes)`` per entry. Counted from vLLM's sampler code, the
+  logits in the model dtype, their fp32 copy (``Sampler.forward``), the softmax
+  probabilities and the renormalised probabilities FlashInfer's top-k/top-p sampler writes
+  make ``fixed`` 12 B; the one public V1 start whose sampler sets the peak (gpt-oss-20b on
+  an A100 under 0.19, weights and KV memory printed, so the peak is what they leave of the
+  ceiling less 0.35 GiB of non-torch memory) refits it to 16.5 B, which is shipped — one
+  row, so the code count is the floor and the refit a single measurement. Before 0.17 the
+  sampler's peak was larger (the shared reference's version sweep); it is modelled as the
+  sorting top-k/top-p path (``logits.sort``: fp32 values and int64 indices, 12 B more per
+  entry), unmeasured.
   ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
   (3.87) is fitted by ``benchmarks/plan_accuracy.py`` to the public V0 start-ups of
   vLLM issue 10517 (RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and
@@ -55,7 +58,7 @@ class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
     forward_bytes: float = 3.87  # per (batched token × intermediate width / TP × dtype byte)
-    sampler_fixed_bytes: float = 12.0  # per (dummy request × vocabulary entry): 3 fp32 copies
+    sampler_fixed_bytes: float = 16.5  # per (dummy request × vocabulary entry); see above
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
     sampler_early_extra_bytes: float = 12.0  # before 0.17: sorted fp32 values + int64 indices
     non_torch_pp_stage: int = int(0.35 * GIB)
