@@ -47,6 +47,17 @@ def _note(point: StartupPoint, pattern: str) -> float | None:
 point_notes: dict[int, str] = {}
 
 
+def load_notes() -> None:
+    """Read each row's notes, where its log's profile figures are recorded."""
+    import csv
+
+    from benchmarks.sizing_points import POINTS
+
+    with POINTS.open(newline="", encoding="utf-8") as f:
+        for i, row in enumerate(csv.DictReader(f), start=2):
+            point_notes[i] = row["notes"]
+
+
 def _entries(p: Plan) -> float:
     """Dummy requests × vocabulary: what the sampler's profile peak scales with."""
     vocab = p.request.arch.vocab_size or 0
@@ -154,13 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
 
-    import csv
-
-    from benchmarks.sizing_points import POINTS
-
-    with POINTS.open(newline="", encoding="utf-8") as f:
-        for i, row in enumerate(csv.DictReader(f), start=2):
-            point_notes[i] = row["notes"]
+    load_notes()
     points = load_points()
     shipped = OverheadModel()
     refit_all = fit(points, PRIOR)
