@@ -9,7 +9,8 @@ Four predictors run side by side, so the ratios are measured in the same run:
 
 * ``shipped``  — the overhead model with the coefficients the package ships;
 * ``held-out`` — the same model refitted without the predicted row's model (leave one
-  model out), from the profiling figures the *other* models' logs print;
+  model out), from the profiling figures the *other* models' logs print, starting from
+  ``PRIOR`` (nothing learnt from any fixture row);
 * ``lofo``     — refitted without the row's whole architecture family (config model_type,
   MoE and VL variants folded in: llama, qwen2, qwen3, gpt_oss, ...): how the model does
   on a family it has never seen, the honest out-of-sample error;
@@ -47,6 +48,17 @@ def _note(point: StartupPoint, pattern: str) -> float | None:
 point_notes: dict[int, str] = {}
 
 
+def load_notes() -> None:
+    """Read each row's notes, where its log's profile figures are recorded."""
+    import csv
+
+    from benchmarks.sizing_points import POINTS
+
+    with POINTS.open(newline="", encoding="utf-8") as f:
+        for i, row in enumerate(csv.DictReader(f), start=2):
+            point_notes[i] = row["notes"]
+
+
 def _entries(p: Plan) -> float:
     """Dummy requests × vocabulary: what the sampler's profile peak scales with."""
     vocab = p.request.arch.vocab_size or 0
@@ -54,56 +66,82 @@ def _entries(p: Plan) -> float:
 
 
 def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
-    """Refit the coefficients from the profiling figures these rows' logs print."""
-    plans = [(pt, plan(pt.request)) for pt in points]
-    single = [(pt, p) for pt, p in plans if pt.tp == 1 and pt.pp == 1]
+    """Refit what these rows' printed profile figures identify; keep the rest structural.
 
-    def per_entry(rows: list[tuple[StartupPoint, Plan]]) -> list[float]:
-        out = []
-        for pt, p in rows:
-            peak = _note(pt, "torch peak increase")
-            if peak is not None and _entries(p):
-                out.append(peak / _entries(p))
-        return out
-
-    late = [(pt, p) for pt, p in single if p.request.release.version >= (0, 17, 0)]
-    c16 = per_entry([(pt, p) for pt, p in late if p.request.arch.dtype != "float32"])
-    c32 = per_entry([(pt, p) for pt, p in late if p.request.arch.dtype == "float32"])
-    early = per_entry([(pt, p) for pt, p in single if p.request.release.version < (0, 17, 0)])
-    if not c16:
-        return fallback
-    mean16 = statistics.fmean(c16)
-    slope = (statistics.fmean(c32) - mean16) / 2 if c32 else 0.0
-    early_factor = statistics.fmean(early) / mean16 if early else 1.0
-
-    forward = []
-    for pt, p in plans:
-        if pt.pp > 1 and (peak := _note(pt, "torch peak increase")) is not None:
-            width = p.request.arch.intermediate_size or 0
-            dtype_bytes = 4 if p.request.arch.dtype == "float32" else 2
-            forward.append(peak / (p.max_num_batched_tokens * width / pt.tp * dtype_bytes))
+    A row's activation peak is ``max(forward, sampler)``, so it measures only the phase that
+    set it: rows whose modelled forward pass outweighs the sampler refit ``forward_bytes``,
+    rows the other way round refit the sampler's fixed bytes per entry (the per-dtype byte
+    and the pre-0.17 sorting bytes stay counted from the code). Non-torch memory is refit
+    from single-GPU rows; the TP extra (comm buffers) only where TP rows print it.
+    """
 
     def non_torch(rows: list[StartupPoint]) -> int | None:
         values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
         return int(statistics.fmean(values)) if values else None
 
+    single_nt = non_torch([pt for pt in points if pt.tp == 1])
     tp_nt = non_torch([pt for pt in points if pt.tp > 1])
-    pp_nt = non_torch([pt for pt in points if pt.pp > 1 and pt.tp == 1])
-    new_nt = non_torch([pt for pt, _ in single if pt.version >= "0.18"])
-    old_nt = non_torch([pt for pt, _ in single if pt.version < "0.18"])
-    new_nt = new_nt if new_nt is not None else old_nt
-    old_nt = old_nt if old_nt is not None else new_nt
+    single = single_nt if single_nt is not None else fallback.non_torch_single_by_era[-1][1]
+    tp_extra = fallback.non_torch_tp - fallback.non_torch_single_by_era[-1][1]
+
+    forward: list[float] = []
+    sampler: list[float] = []
+    for pt in points:
+        if pt.pp > 1:
+            continue
+        p = plan(replace(pt.request, overhead=fallback))
+        peak = _note(pt, "torch peak increase")
+        if peak is None and pt.printed_weights_bytes is not None and pt.tp == 1:
+            # Without a printed breakdown, what the weights and the KV cache leave of the
+            # ceiling is the profile peak plus non-torch memory (and, from 0.20, the graph
+            # estimate): take the non-torch figure the breakdown rows give.
+            stage = p.stages[0]
+            peak = (
+                stage.requested
+                - pt.printed_weights_bytes
+                - pt.printed_kv_bytes
+                - single
+                - stage.cuda_graph
+            )
+        if peak is None or peak <= 0:
+            continue
+        arch = p.request.arch
+        dtype_bytes = 4 if arch.dtype == "float32" else 2
+        width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
+        modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
+        entries = _entries(p)
+        per_entry = fallback.sampler_fixed_bytes + fallback.sampler_dtype_bytes * dtype_bytes
+        if p.request.release.version < (0, 17, 0):
+            per_entry += fallback.sampler_early_extra_bytes
+        if modelled_forward >= per_entry * entries and width:
+            forward.append(peak / (p.max_num_batched_tokens * width))
+        elif entries:
+            extra = per_entry - fallback.sampler_fixed_bytes
+            sampler.append(peak / entries - extra)
+
     return replace(
         fallback,
-        sampler_fixed_bytes=mean16 - 2 * slope,
-        sampler_dtype_bytes=slope,
-        sampler_early_factor=early_factor,
-        # Without PP logs: the MLP's gate/up and activation outputs, 3 × width per token.
-        forward_bytes=statistics.fmean(forward) if forward else 3.0,
-        non_torch_tp=tp_nt if tp_nt is not None else fallback.non_torch_tp,
-        non_torch_pp_stage=pp_nt if pp_nt is not None else (new_nt or 0),
-        non_torch_single_by_era=(((0, 18, 0), new_nt or 0), ((0, 0, 0), old_nt or 0)),
+        forward_bytes=statistics.fmean(forward) if forward else fallback.forward_bytes,
+        sampler_fixed_bytes=statistics.fmean(sampler) if sampler else fallback.sampler_fixed_bytes,
+        non_torch_tp=tp_nt if tp_nt is not None else single + tp_extra,
+        non_torch_pp_stage=single,
+        non_torch_single_by_era=(((0, 0, 0), single),),
     )
+
+
+# What the model assumes before any fixture row is seen, so that a refit without a row's model
+# or family cannot inherit what the shipped coefficients learnt from that row: the forward
+# pass counted from the MLP (gate/up outputs and the activation: 3 × width per token), no
+# non-torch growth on one GPU, and the terms that come from outside the fixtures (the TP
+# comm buffers of vLLM PR 10511, the public CUDA-graph estimates, the sampler's code count).
+PRIOR = replace(
+    OverheadModel(),
+    forward_bytes=3.0,
+    sampler_fixed_bytes=12.0,  # the sampler's code count: three fp32 logits-sized buffers
+    non_torch_single_by_era=(((0, 0, 0), 0),),
+    non_torch_pp_stage=0,
+    non_torch_tp=OverheadModel().non_torch_tp - OverheadModel().non_torch_single_by_era[-1][1],
+)
 
 
 def predicted_first_stage(point: StartupPoint, model: OverheadModel | None) -> int:
@@ -128,16 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
 
-    import csv
-
-    from benchmarks.sizing_points import POINTS
-
-    with POINTS.open(newline="", encoding="utf-8") as f:
-        for i, row in enumerate(csv.DictReader(f), start=2):
-            point_notes[i] = row["notes"]
+    load_notes()
     points = load_points()
     shipped = OverheadModel()
-    refit_all = fit(points, shipped)
+    refit_all = fit(points, PRIOR)
+    profiled = [
+        pt
+        for pt in points
+        if _note(pt, "torch peak increase") is not None
+        or (pt.printed_weights_bytes is not None and pt.tp == pt.pp == 1)
+    ]
     errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "lofo": [], "naive": []}
     rows = []
     for pt in points:
@@ -145,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         unseen = [q for q in points if q.family != pt.family]
         models = {
             "shipped": shipped,
-            "held-out": fit(others, shipped),
-            "lofo": fit(unseen, shipped),
+            "held-out": fit(others, PRIOR),
+            "lofo": fit(unseen, PRIOR),
             "naive": None,
         }
         row = {"row": pt.row, "label": pt.label, "printed_gib": pt.printed_kv_bytes / GIB}
@@ -202,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     median_ratio = naive["median_abs_error_pct"] / max(held["median_abs_error_pct"], 1e-9)
     p90_ratio = naive["p90_abs_error_pct"] / max(held["p90_abs_error_pct"], 1e-9)
     print(f"\nheld-out vs naive: median error {median_ratio:.0f}× smaller, p90 {p90_ratio:.0f}×")
-    refit, ship = refit_all, shipped
+    r, s = refit_all, shipped
+    print(f"rows whose printed profile or weights refit a coefficient: {len(profiled)}")
     print("coefficients refit on all rows (shipped in parentheses; they should agree):")
     print(
-        f"  sampler {refit.sampler_fixed_bytes:.2f} + {refit.sampler_dtype_bytes:.2f}/dtype byte "
-        f"({ship.sampler_fixed_bytes} + {ship.sampler_dtype_bytes}), "
-        f"before 0.17 ×{refit.sampler_early_factor:.2f} ({ship.sampler_early_factor}), "
-        f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes}), "
-        f"TP non-torch {refit.non_torch_tp / GIB:.2f} GiB ({ship.non_torch_tp / GIB:.2f})"
+        f"  sampler {r.sampler_fixed_bytes:.2f} + {r.sampler_dtype_bytes:.2f}/dtype byte "
+        f"({s.sampler_fixed_bytes} + {s.sampler_dtype_bytes}), "
+        f"forward {r.forward_bytes:.2f} ({s.forward_bytes}), "
+        f"TP non-torch {r.non_torch_tp / GIB:.2f} GiB ({s.non_torch_tp / GIB:.2f})"
     )
     return 0
 

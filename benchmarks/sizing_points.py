@@ -40,6 +40,7 @@ class StartupPoint:
     request: PlanRequest  # the deployment, with no printed figure in it
     exact: bool = True  # the printed worker is the tightest one, so its figures follow
     family: str = ""  # the model's architecture family (config model_type)
+    printed_weights_bytes: int | None = None  # "Model loading took X GiB", when printed
 
     @property
     def label(self) -> str:
@@ -110,6 +111,11 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                     request=request,
                     exact=row.get("exact", "yes") != "no",
                     family=family_of(arch.model_type),
+                    printed_weights_bytes=(
+                        round(float(row["reported_weights_gib"]) * GIB)
+                        if row["reported_weights_gib"]
+                        else None
+                    ),
                 )
             )
     return points

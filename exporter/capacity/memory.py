@@ -16,19 +16,30 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``F = 4.91 B × tokens × intermediate / TP × dtype bytes`` and
-  ``S = (12.66 B + 1.35 B × dtype bytes) × requests × vocabulary`` were fitted (by
-  ``benchmarks/plan_accuracy.py``) to the profile figures of the llm-d H100 logs in
-  tests/fixtures/sizing (Llama-3.1-8B bf16 and fp32, Qwen2.5-7B, Qwen3-14B: peaks 1.89,
-  2.21, 2.21, 2.23 GiB; first PP stages 1.05-1.10 GiB, last ones 2.01 GiB).
-  Before 0.17 the sampler's peak was 2.53× larger (Qwen3-14B: 5.64 GiB on 0.15/0.16 vs
-  2.23 GiB on 0.17, same flags).
-* **non-torch memory** — allocations outside PyTorch after the snapshot: 0.13 GiB (0.15-0.17)
-  or 0.25 GiB (0.18+) on one GPU, 0.07 GiB per PP stage, 2.1 GiB per GPU with TP > 1
-  (custom all-reduce and NCCL buffers; 2.06-2.13 GiB in the TP2/TP4 logs).
-* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.65 GiB per
-  GPU, the median of the estimates the v0.19 logs print (0.49-1.69 GiB). No 0.20+ run is in
-  the fixtures, so this term is unvalidated.
+  ``S`` is ``(fixed + dtype bytes)`` per entry. Counted from vLLM's sampler code, the
+  logits in the model dtype, their fp32 copy (``Sampler.forward``), the softmax
+  probabilities and the renormalised probabilities FlashInfer's top-k/top-p sampler writes
+  make ``fixed`` 12 B; the one public V1 start whose sampler sets the peak (gpt-oss-20b on
+  an A100 under 0.19, weights and KV memory printed, so the peak is what they leave of the
+  ceiling less 0.35 GiB of non-torch memory) refits it to 16.5 B, which is shipped — one
+  row, so the code count is the floor and the refit a single measurement. Before 0.17 the
+  sampler's peak was larger (the shared reference's version sweep); it is modelled as the
+  sorting top-k/top-p path (``logits.sort``: fp32 values and int64 indices, 12 B more per
+  entry), unmeasured.
+  ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
+  (3.87) is fitted by ``benchmarks/plan_accuracy.py`` to the public V0 start-ups of
+  vLLM issue 10517 (RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and
+  2.99 GiB above the weights; the two agree within 0.4 %).
+* **non-torch memory** — allocations outside PyTorch after the snapshot: 0.35 GiB on one
+  GPU (issue 10517's figure; no public V1 breakdown is in the fixtures, so the era
+  split of earlier versions of this model is gone), the same per PP stage, and 1.79 GiB
+  more per GPU with TP > 1 (custom all-reduce and NCCL buffers: the TP2 − TP1 difference of
+  the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an H100).
+* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.27 GiB per
+  GPU, the median of the estimates public 0.20+ logs print (0.09, 0.17 and 0.36 GiB on
+  RTX 3090s and a 0.27 start, 2.43 GiB on GB10s: club-3090 issues 434 and 127, gpustack
+  runner PR 251, MiaAI-Lab PR 25). It varies with the captured sizes far more than this
+  constant says; unvalidated against a printed KV figure.
 
 ``benchmarks/plan_accuracy.py`` measures the error of the whole model.
 """
@@ -46,13 +57,13 @@ from exporter.capacity.releases import Release
 class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
-    forward_bytes: float = 4.91  # per (batched token × intermediate width / TP × dtype byte)
-    sampler_fixed_bytes: float = 12.66  # per (dummy request × vocabulary entry)
-    sampler_dtype_bytes: float = 1.35  # ... plus this per dtype byte
-    sampler_early_factor: float = 2.53  # the sampler's peak before 0.17, relative
-    non_torch_pp_stage: int = int(0.07 * GIB)
-    non_torch_tp: int = int(2.1 * GIB)
-    cuda_graph: int = int(0.65 * GIB)
+    forward_bytes: float = 3.87  # per (batched token × intermediate width / TP × dtype byte)
+    sampler_fixed_bytes: float = 16.5  # per (dummy request × vocabulary entry); see above
+    sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
+    sampler_early_extra_bytes: float = 12.0  # before 0.17: sorted fp32 values + int64 indices
+    non_torch_pp_stage: int = int(0.35 * GIB)
+    non_torch_tp: int = int((0.35 + 1.79) * GIB)
+    cuda_graph: int = int(0.27 * GIB)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -66,8 +77,7 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 18, 0), int(0.25 * GIB)),
-        ((0, 0, 0), int(0.13 * GIB)),
+        ((0, 0, 0), int(0.35 * GIB)),
     )  # (first release, bytes), newest first
 
 
@@ -104,7 +114,7 @@ def activation_peaks(
     )
     per_entry = model.sampler_fixed_bytes + model.sampler_dtype_bytes * a.dtype_bytes
     if release.version < (0, 17, 0):
-        per_entry *= model.sampler_early_factor
+        per_entry += model.sampler_early_extra_bytes
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)

@@ -15,7 +15,7 @@ def test_accuracy_report_has_a_leave_one_family_out_predictor(
     assert plan_accuracy.main(["--output", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["summary"]) == {"shipped", "held-out", "lofo", "naive"}
-    assert len(doc["families"]) >= 4
+    assert len(doc["families"]) >= 3
     assert all("lofo_err_pct" in row for row in doc["rows"])
 
 
@@ -25,3 +25,15 @@ def test_out_of_family_median_error_beats_the_naive_budget(
     plan_accuracy.main(["--output", "json"])
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["lofo"]["median_abs_error_pct"] < summary["naive"]["median_abs_error_pct"]
+
+
+def test_a_start_that_prints_its_weights_refits_the_sampler() -> None:
+    # gpt-oss-20b on an A100 prints weights and KV memory but no profile breakdown: what
+    # they leave of the ceiling is the sampler-dominated peak, so the refit moves off the
+    # code count.
+    from benchmarks.sizing_points import load_points
+
+    plan_accuracy.load_notes()
+    row = next(p for p in load_points() if p.model == "openai/gpt-oss-20b")
+    refit = plan_accuracy.fit([row], plan_accuracy.PRIOR)
+    assert refit.sampler_fixed_bytes > plan_accuracy.PRIOR.sampler_fixed_bytes

@@ -96,8 +96,8 @@ def test_mla_cache_is_not_sharded_by_tensor_parallelism() -> None:
 
 
 def test_kimi_vl_mla_ratio_matches_vllm_log() -> None:
-    # llm-d v0.19: 1,426,368 tokens in 41.32 GiB = 31,104 B/token = 27 × (512 + 64) × 2.
-    # The MLA sizes vLLM read for Kimi-VL (its text_config), as the logged ratio implies.
+    # vLLM's MLA spec caches one latent of kv_lora_rank + qk_rope_head_dim per layer, read
+    # from Kimi-VL's text_config: 27 × (512 + 64) × 2 B = 31,104 B a token.
     cfg = {
         "model_type": "kimi_vl",
         "text_config": {
