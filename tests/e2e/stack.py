@@ -18,9 +18,10 @@ import contextlib
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
 from tests.conftest import FIXTURES
@@ -252,7 +253,12 @@ async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) ->
         await asyncio.sleep(1.0)
 
 
-async def run_stack(servers: dict[str, VllmServer]) -> StackRun:
+async def run_stack(
+    servers: dict[str, VllmServer],
+    while_resolving: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> StackRun:
+    """The stack run; ``while_resolving`` runs (to completion) once the load has stopped,
+    alongside the minutes of waiting for the alerts to resolve, when the servers idle."""
     args = ("--no-nvml.enabled",)  # otherwise the defaults: a 2 s poll, a 1.5 s timeout
     sidecars = {
         a.name: Sidecar(servers[a.name].url, "--model.path", str(a.config), *args)
@@ -278,8 +284,11 @@ async def run_stack(servers: dict[str, VllmServer]) -> StackRun:
                   for a in ARCHITECTURES)
             )  # fmt: skip
             run.load_stopped = time.time()
+            meanwhile = asyncio.create_task(while_resolving()) if while_resolving else None
             with contextlib.suppress(TimeoutError):  # the resolution test says so
                 await asyncio.wait_for(asyncio.shield(alerts), RESOLVE_BOUND_S)
+            if meanwhile is not None:
+                await meanwhile
         finally:
             stop.set()
             await alerts
