@@ -21,13 +21,11 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from exporter.risk.bottleneck import RESOURCES
 from exporter.risk.model import ALERT_THRESHOLD
 from tests.conftest import FIXTURES
-from tests.e2e.stack import value
+from tests.e2e.gauges import Reading, reading
 from tests.e2e.vllm_harness import Request, RunResult, Sample, VllmServer, drive
 from tests.processes import Sidecar
 
@@ -57,53 +55,6 @@ COMPUTE_SEED = 1300
 # The sidecar's first polls see requests it has not watched finish; from this many seconds
 # after it started the bottleneck gauge must name the resource.
 SETTLE_S = 10.0
-
-
-@dataclass(frozen=True)
-class Reading:
-    """The sidecar's gauges for engine 0 at one read of its /metrics."""
-
-    t: float
-    risk: float | None
-    usage: float | None
-    running: float | None
-    waiting: float | None
-    history: float | None
-    preemptions: float | None  # what the sidecar itself has seen
-    bottleneck: str | None  # the resource whose gauge reads 1
-
-    def row(self, since: float) -> str:
-        def f(x: float | None, spec: str) -> str:
-            return "-" if x is None else format(x, spec)
-
-        return (
-            f"{self.t - since:6.1f}s risk {f(self.risk, '.2f')} usage {f(self.usage, '.2f')} "
-            f"running {f(self.running, 'g')} waiting {f(self.waiting, 'g')} "
-            f"history {f(self.history, '.0f')}s preemptions {f(self.preemptions, 'g')} "
-            f"bottleneck {self.bottleneck or '-'}"
-        )
-
-
-def reading(t: float, text: str) -> Reading:
-    def v(name: str) -> float | None:
-        return value(text, "kv_headroom_" + name, engine="0")
-
-    binding = [r for r in RESOURCES if value(text, "kv_headroom_bottleneck", resource=r) == 1]
-    return Reading(
-        t=t,
-        risk=v("preemption_risk"),
-        usage=v("kv_usage_ratio"),
-        running=v("requests_running"),
-        waiting=v("requests_waiting"),
-        history=v("risk_history_seconds"),
-        preemptions=v("preemptions_total"),
-        bottleneck=binding[0] if len(binding) == 1 else None,
-    )
-
-
-def timeline(readings: Sequence[Reading], since: float, until: float | None = None) -> str:
-    """The sidecar's readings as lines, for an assertion message."""
-    return "\n".join(r.row(since) for r in readings if until is None or r.t <= until)
 
 
 @dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
 from tests.conftest import FIXTURES
+from tests.e2e.gauges import Reading, reading, value
 from tests.e2e.vllm_harness import (
     RampResult,
     Request,
@@ -93,8 +93,8 @@ def first_preemption(samples: Sequence[Sample]) -> float | None:
 def alert_fired_at(series: Sequence[tuple[float, float]]) -> float | None:
     """The shipped alert, Prometheus's for: included, on a (time, risk) series."""
     pending = None
-    for t, value in series:
-        if value > ALERT_THRESHOLD:
+    for t, risk in series:
+        if risk > ALERT_THRESHOLD:
             pending = t if pending is None else pending
             if t - pending >= ALERT_FOR_SECONDS:
                 return t
@@ -118,6 +118,7 @@ class ArchRun:
     context_completions: list[tuple[float, int, int]] = field(default_factory=list)
     ramp: RampResult = field(default_factory=lambda: RampResult([]))
     risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
+    readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
 
     @property
@@ -149,16 +150,6 @@ class StackRun:
     def first(self, alert: str, run: ArchRun) -> float | None:
         episodes = self.alerts.get((alert, run.sidecar), [])
         return episodes[0][0] if episodes else None
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    """One sample's value from a /metrics page; None when absent."""
-    pattern = re.escape(name) + r"\{([^}]*)\} (\S+)|" + re.escape(name) + r" (\S+)"
-    for m in re.finditer(r"^(?:" + pattern + r")$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            return float(m.group(2) or m.group(3))
-    return None
 
 
 async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
@@ -206,7 +197,8 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
         while not done.is_set():
             text = await asyncio.to_thread(sidecar.metrics)
             now = time.time()
-            risk = value(text, "kv_headroom_preemption_risk", engine="0")
+            run.readings.append(reading(now, text))
+            risk = run.readings[-1].risk
             if risk is not None:
                 run.risk.append((now, risk))
             if not run.context_text and first_preemption(run.ramp.samples) is not None:

@@ -13,7 +13,7 @@ import pytest
 
 from exporter.risk.model import ALERT_THRESHOLD, TREND_MIN_SECONDS
 from tests.e2e.fresh import COLD_IDLE_S, COMPUTE_WAVE, SETTLE_S, ColdStartRun, ComputeRun
-from tests.e2e.fresh import timeline as _timeline
+from tests.e2e.gauges import timeline as _timeline
 
 pytestmark = pytest.mark.vllm
 
