@@ -227,7 +227,8 @@ def cold_summary(run: ColdStartRun) -> str:
     return (
         f"cold start: burst {run.burst_at - run.sidecar_started:.0f} s after the sidecar "
         f"started; vLLM's first preemption {first - run.burst_at:.1f} s into the burst "
-        f"({run.burst.preemptions if run.burst else 0:g} in all); {lead}"
+        f"({run.burst.preemptions if run.burst else 0:g} in all); {lead}; "
+        f"{run.burst.finished_at - run.sidecar_started if run.burst else 0:.0f} s in all"
     )
 
 
@@ -237,9 +238,16 @@ def compute_summary(run: ComputeRun) -> str:
     late = [r for r in queued if r.t >= run.sidecar_started + SETTLE_S]
     compute = sum(r.bottleneck == "compute" for r in late)
     risk = max((r.risk for r in queued if r.risk is not None), default=float("nan"))
+    since = run.sidecar_started
+    high = [r.t - since for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    if high:
+        risk_text = f"{risk:.2f} ({len(high)} readings from {high[0]:.0f} to {high[-1]:.0f} s)"
+    else:
+        risk_text = f"{risk:.2f}"
     return (
         f"compute-bound queue: up to {max((s.waiting for s in samples), default=0):g} waiting, "
         f"KV usage at most {max((s.usage for s in samples), default=0):.0%}, "
-        f"{run.preemptions:g} preemptions; risk while queued at most {risk:.2f}; "
-        f"bottleneck compute in {compute} of {len(late)} queued readings after {SETTLE_S:.0f} s"
+        f"{run.preemptions:g} preemptions; risk while queued at most {risk_text}; "
+        f"bottleneck compute in {compute} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
+        f"{run.waves[-1].finished_at - run.sidecar_started if run.waves else 0:.0f} s in all"
     )
