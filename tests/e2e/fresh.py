@@ -35,11 +35,15 @@ READ_EVERY_S = 0.5  # the sidecar polls vLLM every 2 s (its default); read its p
 SIDECAR_ARGS = ("--model.path", str(CONFIG), "--no-nvml.enabled")
 
 # The burst: the prompts take about half of the 6,144-token cache, so all are admitted at
-# once; their answers would need twice the cache, so the batch outgrows it while it decodes.
+# once; their answers would need half as much again as the cache, so the batch outgrows it
+# while it decodes. Few long sequences fill the rest slowly (a CPU step's time hardly
+# depends on the batch), so that a faster machine still leaves a 2 s poll or two between
+# the batch's growth showing and vLLM evicting a request (8 requests of 250-400 + 900-1,200
+# tokens left 3.2-12.7 s).
 COLD_IDLE_S = 10.0  # the sidecar watches an idle server this long first (< 30 s)
-COLD_BURST = 8
-COLD_PROMPT = (250, 400)
-COLD_GENERATION = (900, 1200)
+COLD_BURST = 5
+COLD_PROMPT = (500, 700)
+COLD_GENERATION = (1100, 1300)  # at most 2,000 tokens in all: max_model_len is 2,048
 COLD_SEED = 13
 
 # The reproduction of a prefill-bound queue.
