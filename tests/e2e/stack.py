@@ -16,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
 from tests.conftest import FIXTURES
+from tests.e2e.gauges import Reading, reading, value
 from tests.e2e.vllm_harness import (
     RampResult,
     Request,
@@ -92,8 +93,8 @@ def first_preemption(samples: Sequence[Sample]) -> float | None:
 def alert_fired_at(series: Sequence[tuple[float, float]]) -> float | None:
     """The shipped alert, Prometheus's for: included, on a (time, risk) series."""
     pending = None
-    for t, value in series:
-        if value > ALERT_THRESHOLD:
+    for t, risk in series:
+        if risk > ALERT_THRESHOLD:
             pending = t if pending is None else pending
             if t - pending >= ALERT_FOR_SECONDS:
                 return t
@@ -117,6 +118,7 @@ class ArchRun:
     context_completions: list[tuple[float, int, int]] = field(default_factory=list)
     ramp: RampResult = field(default_factory=lambda: RampResult([]))
     risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
+    readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
 
     @property
@@ -148,16 +150,6 @@ class StackRun:
     def first(self, alert: str, run: ArchRun) -> float | None:
         episodes = self.alerts.get((alert, run.sidecar), [])
         return episodes[0][0] if episodes else None
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    """One sample's value from a /metrics page; None when absent."""
-    pattern = re.escape(name) + r"\{([^}]*)\} (\S+)|" + re.escape(name) + r" (\S+)"
-    for m in re.finditer(r"^(?:" + pattern + r")$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            return float(m.group(2) or m.group(3))
-    return None
 
 
 async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
@@ -205,7 +197,8 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
         while not done.is_set():
             text = await asyncio.to_thread(sidecar.metrics)
             now = time.time()
-            risk = value(text, "kv_headroom_preemption_risk", engine="0")
+            run.readings.append(reading(now, text))
+            risk = run.readings[-1].risk
             if risk is not None:
                 run.risk.append((now, risk))
             if not run.context_text and first_preemption(run.ramp.samples) is not None:
@@ -252,7 +245,12 @@ async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) ->
         await asyncio.sleep(1.0)
 
 
-async def run_stack(servers: dict[str, VllmServer]) -> StackRun:
+async def run_stack(
+    servers: dict[str, VllmServer],
+    while_resolving: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> StackRun:
+    """The stack run; ``while_resolving`` runs (to completion) once the load has stopped,
+    alongside the minutes of waiting for the alerts to resolve, when the servers idle."""
     args = ("--no-nvml.enabled",)  # otherwise the defaults: a 2 s poll, a 1.5 s timeout
     sidecars = {
         a.name: Sidecar(servers[a.name].url, "--model.path", str(a.config), *args)
@@ -278,8 +276,11 @@ async def run_stack(servers: dict[str, VllmServer]) -> StackRun:
                   for a in ARCHITECTURES)
             )  # fmt: skip
             run.load_stopped = time.time()
+            meanwhile = asyncio.create_task(while_resolving()) if while_resolving else None
             with contextlib.suppress(TimeoutError):  # the resolution test says so
                 await asyncio.wait_for(asyncio.shield(alerts), RESOLVE_BOUND_S)
+            if meanwhile is not None:
+                await meanwhile
         finally:
             stop.set()
             await alerts

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from exporter.risk.model import ALERT_THRESHOLD
+from tests.e2e.gauges import timeline, value
 from tests.e2e.stack import (
     ARCHITECTURES,
     IMMINENT,
@@ -22,7 +23,6 @@ from tests.e2e.stack import (
     ArchRun,
     StackRun,
     alert_fired_at,
-    value,
 )
 
 pytestmark = pytest.mark.vllm
@@ -110,11 +110,13 @@ def test_context_quantiles_match_the_workload_within_one_bucket(arch: ArchRun) -
 
 
 def test_the_risk_stays_below_the_threshold_while_the_load_is_safe(arch: ArchRun) -> None:
+    safe = arch.started + SAFE_S
+    said = "sidecar's gauges, seconds into the run:\n" + timeline(arch.readings, arch.started, safe)
     assert arch.safe_risk
-    assert max(arch.safe_risk) < ALERT_THRESHOLD
+    assert max(arch.safe_risk) < ALERT_THRESHOLD, said
     # nor does the shipped alert (threshold held for its for:) fire at any time while safe
-    fired = alert_fired_at([(t, v) for t, v in arch.risk if t <= arch.started + SAFE_S])
-    assert fired is None, fired - arch.started
+    fired = alert_fired_at([(t, v) for t, v in arch.risk if t <= safe])
+    assert fired is None, said
 
 
 def test_the_risk_alert_fires_before_vllm_counts_its_first_preemption(arch: ArchRun) -> None:

@@ -1,0 +1,257 @@
+"""Two runs on freshly started vLLM 0.32 (CPU) servers, each with a fresh sidecar (issue 13).
+
+* **Cold start into a burst** — the harness's Llama (48 blocks of 128), a sidecar started
+  next to it, and ``COLD_IDLE_S`` later a burst of requests all at once whose prompts fit
+  the cache and whose answers overfill it: vLLM preempts within seconds, while the sidecar
+  has watched for less than its trend needs. Scale-up into a traffic spike is this case.
+* **A compute-bound queue** — the issue's reproduction: the same Llama with 200 blocks of
+  128, ``--max-num-batched-tokens 128 --max-num-seqs 64``, and waves of 64 long prompts with
+  very short answers. Prefill admits about one prompt at a time, so dozens of requests
+  wait while the cache sits mostly empty and nothing is preempted: a queue that is not KV
+  pressure.
+
+Both record the sidecar's own gauges (``Reading``) every ``READ_EVERY_S`` and vLLM's
+/metrics every 0.25 s, so a failure shows what the sidecar said over time. Everything
+started is stopped by process group, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+from exporter.risk.model import ALERT_THRESHOLD
+from tests.conftest import FIXTURES
+from tests.e2e.gauges import Reading, reading
+from tests.e2e.vllm_harness import Request, RunResult, Sample, VllmServer, drive
+from tests.processes import Sidecar
+
+COLD, COMPUTE = "cold-start", "compute-bound"  # the servers' names in the session's fleet
+CONFIG = FIXTURES / "vllm" / "tinyllama.config.json"
+READ_EVERY_S = 0.5  # the sidecar polls vLLM every 2 s (its default); read its page faster
+SIDECAR_ARGS = ("--model.path", str(CONFIG), "--no-nvml.enabled")
+
+# The burst: the prompts take about half of the 6,144-token cache, so all are admitted at
+# once; their answers would need half as much again as the cache, so the batch outgrows it
+# while it decodes. Few long sequences fill the rest slowly (a CPU step's time hardly
+# depends on the batch), so that a faster machine still leaves a 2 s poll or two between
+# the batch's growth showing and vLLM evicting a request (8 requests of 250-400 + 900-1,200
+# tokens left 3.2-12.7 s).
+COLD_IDLE_S = 10.0  # the sidecar watches an idle server this long first (< 30 s)
+COLD_BURST = 5
+COLD_PROMPT = (500, 700)
+COLD_GENERATION = (1100, 1300)  # at most 2,000 tokens in all: max_model_len is 2,048
+COLD_SEED = 13
+
+# The issue's reproduction of a prefill-bound queue.
+COMPUTE_ARGS = (
+    "--num-gpu-blocks-override", "200", "--block-size", "128",
+    "--max-num-batched-tokens", "128", "--max-num-seqs", "64",
+)  # fmt: skip
+COMPUTE_WAVES = 2
+COMPUTE_WAVE = 64
+COMPUTE_PROMPT = (1000, 1900)
+COMPUTE_GENERATION = (4, 16)
+COMPUTE_SEED = 1300
+# The sidecar's first polls see requests it has not watched finish; from this many seconds
+# after it started the bottleneck gauge must name the resource.
+SETTLE_S = 10.0
+
+
+@dataclass
+class ColdStartRun:
+    sidecar_started: float = 0.0
+    burst_at: float = 0.0
+    readings: list[Reading] = field(default_factory=list)
+    burst: RunResult | None = None
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self.burst.samples if self.burst else []
+
+    @property
+    def first_preemption(self) -> float | None:
+        """When vLLM's own counter first moved (the 0.25 s sample that shows it)."""
+        return self.burst.first_preemption_at if self.burst else None
+
+    @property
+    def first_eviction(self) -> float | None:
+        """When vLLM first sent a running request of the burst back to the queue.
+
+        vLLM counts a preemption only when the request is scheduled again, seconds later
+        on a full cache; the eviction itself shows as soon as the whole burst had been
+        admitted (nothing waiting) and a request waits again: nothing else arrives.
+        """
+        admitted = False
+        for s in self.samples:
+            if admitted and s.waiting >= 1:
+                return s.t
+            admitted = admitted or (s.waiting == 0 and s.running + s.waiting == COLD_BURST)
+        return None
+
+    @property
+    def warning(self) -> Reading | None:
+        """The first reading above the alert threshold while the sidecar had seen no
+        preemption, taken before vLLM counted one."""
+        first = self.first_preemption
+        return next(
+            (
+                r
+                for r in self.readings
+                if r.risk is not None
+                and r.risk > ALERT_THRESHOLD
+                and r.preemptions == 0
+                and (first is None or r.t < first)
+            ),
+            None,
+        )
+
+    def before_preemption(self) -> list[Reading]:
+        first = self.first_preemption
+        return [r for r in self.readings if first is None or r.t < first]
+
+
+@dataclass
+class ComputeRun:
+    sidecar_started: float = 0.0
+    readings: list[Reading] = field(default_factory=list)
+    waves: list[RunResult] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for w in self.waves for s in w.samples]
+
+    @property
+    def queued(self) -> list[Reading]:
+        """The sidecar's readings while it saw requests wait."""
+        return [r for r in self.readings if r.waiting is not None and r.waiting >= 1]
+
+    @property
+    def preemptions(self) -> float:
+        return sum(w.preemptions for w in self.waves)
+
+
+async def _read(sidecar: Sidecar, into: list[Reading], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(AssertionError, OSError):  # a slow page: the next read
+            into.append(reading(time.time(), await asyncio.to_thread(sidecar.metrics)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), READ_EVERY_S)
+
+
+def cold_burst() -> list[Request]:
+    rng = random.Random(COLD_SEED)
+    return [
+        Request(rng.randint(*COLD_PROMPT), rng.randint(*COLD_GENERATION)) for _ in range(COLD_BURST)
+    ]
+
+
+def compute_wave(wave: int) -> list[Request]:
+    rng = random.Random(COMPUTE_SEED + wave)
+    return [
+        Request(rng.randint(*COMPUTE_PROMPT), rng.randint(*COMPUTE_GENERATION),
+                prompt_seed=(COMPUTE_SEED + wave) * 1000 + i)
+        for i in range(COMPUTE_WAVE)
+    ]  # fmt: skip
+
+
+async def run_cold_start(server: VllmServer) -> ColdStartRun:
+    """A fresh sidecar on the fresh ``server``; the burst COLD_IDLE_S after it answered."""
+    run = ColdStartRun()
+    stop = asyncio.Event()
+    with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
+        await asyncio.to_thread(sidecar.start)
+        run.sidecar_started = time.time()
+        reader = asyncio.create_task(_read(sidecar, run.readings, stop))
+        try:
+            await asyncio.sleep(COLD_IDLE_S)
+            run.burst_at = time.time()
+            requests = cold_burst()
+            run.burst = await drive(
+                server.url, requests, concurrency=len(requests), model=server.model
+            )
+        finally:
+            stop.set()
+            await reader
+        assert "Traceback" not in sidecar.log(tail=1_000_000), sidecar.log()
+    return run
+
+
+async def run_compute_bound(server: VllmServer) -> ComputeRun:
+    """A fresh sidecar on the fresh ``server``; COMPUTE_WAVES waves of long prompts with
+    short answers, each sent all at once when the previous one has finished."""
+    run = ComputeRun()
+    stop = asyncio.Event()
+    with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
+        await asyncio.to_thread(sidecar.start)
+        run.sidecar_started = time.time()
+        reader = asyncio.create_task(_read(sidecar, run.readings, stop))
+        try:
+            for wave in range(COMPUTE_WAVES):
+                requests = compute_wave(wave)
+                run.waves.append(
+                    await drive(server.url, requests, concurrency=len(requests),
+                                model=server.model)
+                )  # fmt: skip
+        finally:
+            stop.set()
+            await reader
+        assert "Traceback" not in sidecar.log(tail=1_000_000), sidecar.log()
+    return run
+
+
+def cold_server() -> VllmServer:
+    return VllmServer(CONFIG, name="tinyllama", env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+
+
+def compute_server() -> VllmServer:
+    return VllmServer(
+        CONFIG, name="tinyllama", extra_args=COMPUTE_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    )
+
+
+def cold_summary(run: ColdStartRun) -> str:
+    first = run.first_preemption
+    warn = run.warning
+    before = run.before_preemption()
+    peak = max((r.risk for r in before if r.risk is not None), default=float("nan"))
+    if first is None:
+        return "cold start: the burst never made vLLM preempt"
+    evicted = run.first_eviction
+    lead = (
+        f"risk {warn.risk:.2f} > {ALERT_THRESHOLD} {first - warn.t:.1f} s before it "
+        + (f"and {evicted - warn.t:.1f} s before the first eviction " if evicted else "")
+        + f"(history {warn.history:.0f} s)"
+        if warn is not None and warn.risk is not None and warn.history is not None
+        else f"risk never above {ALERT_THRESHOLD} before it (at most {peak:.2f})"
+    )
+    return (
+        f"cold start: burst {run.burst_at - run.sidecar_started:.0f} s after the sidecar "
+        f"started; vLLM's first preemption {first - run.burst_at:.1f} s into the burst "
+        f"({run.burst.preemptions if run.burst else 0:g} in all); {lead}; "
+        f"{run.burst.finished_at - run.sidecar_started if run.burst else 0:.0f} s in all"
+    )
+
+
+def compute_summary(run: ComputeRun) -> str:
+    samples = run.samples
+    queued = run.queued
+    late = [r for r in queued if r.t >= run.sidecar_started + SETTLE_S]
+    compute = sum(r.bottleneck == "compute" for r in late)
+    risk = max((r.risk for r in queued if r.risk is not None), default=float("nan"))
+    since = run.sidecar_started
+    high = [r.t - since for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    if high:
+        risk_text = f"{risk:.2f} ({len(high)} readings from {high[0]:.0f} to {high[-1]:.0f} s)"
+    else:
+        risk_text = f"{risk:.2f}"
+    return (
+        f"compute-bound queue: up to {max((s.waiting for s in samples), default=0):g} waiting, "
+        f"KV usage at most {max((s.usage for s in samples), default=0):.0%}, "
+        f"{run.preemptions:g} preemptions; risk while queued at most {risk_text}; "
+        f"bottleneck compute in {compute} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
+        f"{run.waves[-1].finished_at - run.sidecar_started if run.waves else 0:.0f} s in all"
+    )

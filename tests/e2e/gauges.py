@@ -1,0 +1,66 @@
+"""The sidecar's gauges read off its /metrics page, for the real-vLLM tier."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.risk.bottleneck import RESOURCES
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """One sample's value from a /metrics page; None when absent."""
+    pattern = re.escape(name) + r"\{([^}]*)\} (\S+)|" + re.escape(name) + r" (\S+)"
+    for m in re.finditer(r"^(?:" + pattern + r")$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(2) or m.group(3))
+    return None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The sidecar's gauges for engine 0 at one read of its /metrics."""
+
+    t: float
+    risk: float | None
+    usage: float | None
+    running: float | None
+    waiting: float | None
+    history: float | None
+    preemptions: float | None  # what the sidecar itself has seen
+    bottleneck: str | None  # the resource whose gauge reads 1
+
+    def row(self, since: float) -> str:
+        def f(x: float | None, spec: str) -> str:
+            return "-" if x is None else format(x, spec)
+
+        return (
+            f"{self.t - since:6.1f}s risk {f(self.risk, '.2f')} usage {f(self.usage, '.2f')} "
+            f"running {f(self.running, 'g')} waiting {f(self.waiting, 'g')} "
+            f"history {f(self.history, '.0f')}s preemptions {f(self.preemptions, 'g')} "
+            f"bottleneck {self.bottleneck or '-'}"
+        )
+
+
+def reading(t: float, text: str) -> Reading:
+    def v(name: str) -> float | None:
+        return value(text, "kv_headroom_" + name, engine="0")
+
+    binding = [r for r in RESOURCES if value(text, "kv_headroom_bottleneck", resource=r) == 1]
+    return Reading(
+        t=t,
+        risk=v("preemption_risk"),
+        usage=v("kv_usage_ratio"),
+        running=v("requests_running"),
+        waiting=v("requests_waiting"),
+        history=v("risk_history_seconds"),
+        preemptions=v("preemptions_total"),
+        bottleneck=binding[0] if len(binding) == 1 else None,
+    )
+
+
+def timeline(readings: Sequence[Reading], since: float, until: float | None = None) -> str:
+    """The sidecar's readings as lines, for an assertion message."""
+    return "\n".join(r.row(since) for r in readings if until is None or r.t <= until)

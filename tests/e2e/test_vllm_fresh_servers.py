@@ -1,0 +1,87 @@
+"""Issue 13 on real vLLM 0.32 (CPU), each on a freshly started server with a fresh sidecar.
+
+A cold start into a burst must get ``preemption_risk`` above the alert threshold before
+vLLM's first preemption, on a figure that says it rests on priors; a queue held back by
+prefill compute (the issue's reproduction) must keep the risk below the threshold while
+the bottleneck gauge says ``compute``. On a failure the message is the sidecar's gauges
+over time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.risk.model import ALERT_THRESHOLD, TREND_MIN_SECONDS
+from tests.e2e.fresh import COLD_IDLE_S, COMPUTE_WAVE, SETTLE_S, ColdStartRun, ComputeRun
+from tests.e2e.gauges import timeline as _timeline
+
+pytestmark = pytest.mark.vllm
+
+
+def timeline(run: ColdStartRun | ComputeRun, until: float | None = None) -> str:
+    return "sidecar's gauges, seconds after it started:\n" + _timeline(
+        run.readings, run.sidecar_started, until
+    )
+
+
+def test_the_burst_arrives_in_the_sidecars_first_30_seconds_and_preempts(
+    cold_start: ColdStartRun,
+) -> None:
+    assert cold_start.burst_at - cold_start.sidecar_started < 30.0
+    assert cold_start.burst_at - cold_start.sidecar_started >= COLD_IDLE_S
+    assert cold_start.first_preemption is not None, "the burst never made vLLM preempt"
+
+
+def test_the_risk_exceeds_the_threshold_before_vllm_counts_its_first_preemption(
+    cold_start: ColdStartRun,
+) -> None:
+    first = cold_start.first_preemption
+    assert first is not None
+    assert cold_start.warning is not None, timeline(cold_start, first)
+    assert cold_start.warning.t < first
+
+
+def test_the_risk_exceeds_the_threshold_before_vllm_evicts_a_running_request(
+    cold_start: ColdStartRun,
+) -> None:
+    evicted = cold_start.first_eviction
+    assert evicted is not None, "no running request of the burst went back to the queue"
+    assert cold_start.warning is not None, timeline(cold_start, evicted)
+    assert cold_start.warning.t < evicted, timeline(cold_start, evicted)
+
+
+def test_the_cold_start_warning_says_it_rests_on_priors(cold_start: ColdStartRun) -> None:
+    warning = cold_start.warning
+    assert warning is not None, timeline(cold_start)
+    assert warning.history is not None, timeline(cold_start)
+    assert warning.history < TREND_MIN_SECONDS
+    # this epoch's history is the sidecar's own: no older than its first poll (one 2 s
+    # poll may come before it answers /healthz)
+    assert warning.history <= warning.t - cold_start.sidecar_started + 2.5
+
+
+def test_the_compute_bound_workload_queues_dozens_on_a_mostly_free_cache(
+    compute_bound: ComputeRun,
+) -> None:
+    samples = compute_bound.samples
+    assert max(s.waiting for s in samples) >= COMPUTE_WAVE / 2
+    assert max(s.usage for s in samples) < 0.5
+    assert compute_bound.preemptions == 0
+
+
+def test_the_risk_stays_below_the_threshold_while_compute_holds_the_queue(
+    compute_bound: ComputeRun,
+) -> None:
+    queued = compute_bound.queued
+    assert queued, timeline(compute_bound)
+    high = [r for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    assert not high, timeline(compute_bound, high[-1].t + 10)
+
+
+def test_the_bottleneck_gauge_says_compute_while_requests_wait(
+    compute_bound: ComputeRun,
+) -> None:
+    late = [r for r in compute_bound.queued if r.t >= compute_bound.sidecar_started + SETTLE_S]
+    assert late, timeline(compute_bound)
+    wrong = [r for r in late if r.bottleneck != "compute"]
+    assert not wrong, timeline(compute_bound, wrong[-1].t + 10)
