@@ -240,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     median_ratio = naive["median_abs_error_pct"] / max(held["median_abs_error_pct"], 1e-9)
     p90_ratio = naive["p90_abs_error_pct"] / max(held["p90_abs_error_pct"], 1e-9)
     print(f"\nheld-out vs naive: median error {median_ratio:.0f}× smaller, p90 {p90_ratio:.0f}×")
-    r, s = refit_all, shipped
+    refit, ship = refit_all, shipped
     print(f"rows whose printed profile or weights refit a coefficient: {len(profiled)}")
     print("coefficients refit on all rows (shipped in parentheses; they should agree):")
     print(
-        f"  sampler {r.sampler_fixed_bytes:.2f} + {r.sampler_dtype_bytes:.2f}/dtype byte "
-        f"({s.sampler_fixed_bytes} + {s.sampler_dtype_bytes}), "
-        f"forward {r.forward_bytes:.2f} ({s.forward_bytes}), "
-        f"TP non-torch {r.non_torch_tp / GIB:.2f} GiB ({s.non_torch_tp / GIB:.2f})"
+        f"  sampler {refit.sampler_fixed_bytes:.2f} + {refit.sampler_dtype_bytes:.2f}/dtype byte "
+        f"({ship.sampler_fixed_bytes} + {ship.sampler_dtype_bytes}), "
+        f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes}), "
+        f"TP non-torch {refit.non_torch_tp / GIB:.2f} GiB ({ship.non_torch_tp / GIB:.2f})"
     )
     return 0
 
