@@ -221,16 +221,27 @@ def engine_view(
     headroom = None
     if not stale and occupancy is not None and recent:
         points = _points(recent, raw.engine)
+        capacity = occupancy.usable_blocks * occupancy.block_size
+        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
+        typical = recent_prompt or prompt
+        current = [p for p in points if p.epoch == points[-1].epoch] if points else []
+        bottleneck = classify(
+            current,
+            capacity,
+            max_num_seqs,
+            typical.sum / typical.count if typical is not None and typical.count else None,
+        )
         inputs = Inputs(
             points=points,
-            capacity_tokens=occupancy.usable_blocks * occupancy.block_size,
+            capacity_tokens=capacity,
             block_size=occupancy.block_size,
             max_num_seqs=max_num_seqs,
             prompt=prompt,
             generation=generation,
             sequences_per_request=seqs_per_request,
-            recent_prompt=_recent_histogram(recent, raw.engine, now_totals, "prompt_len"),
+            recent_prompt=recent_prompt,
             recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
+            bottleneck=bottleneck.resource,
         )
         risk = assess(inputs)
         headroom = load_headroom(
@@ -238,15 +249,6 @@ def engine_view(
             inputs,
             kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
             weights_bytes=plan.tightest.weights if plan is not None else None,
-        )
-        current = [p for p in points if points and p.epoch == points[-1].epoch]
-        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
-        typical = recent_prompt or prompt
-        bottleneck = classify(
-            current,
-            occupancy.usable_blocks * occupancy.block_size,
-            max_num_seqs,
-            typical.sum / typical.count if typical is not None and typical.count else None,
         )
 
     return EngineView(

@@ -104,6 +104,9 @@ class Inputs:
     sequences_per_request: float = 1.0  # mean n: parallel samples arrive together
     recent_prompt: Histogram | None = None  # the same, over the last few minutes only
     recent_generation: Histogram | None = None
+    # What keeps the queue waiting (risk/bottleneck.py): with no admission rate measured
+    # yet, a queue held back by compute or max_num_seqs is not counted as KV to come.
+    bottleneck: str | None = None
 
 
 @dataclass(frozen=True)
@@ -216,14 +219,19 @@ def _mean(h: Histogram | None) -> float | None:
 
 
 def queued_tokens(
-    pts: Sequence[Point], prompt: float, per_request: float, max_num_seqs: int | None
+    pts: Sequence[Point],
+    prompt: float,
+    per_request: float,
+    max_num_seqs: int | None,
+    bottleneck: str | None = None,
 ) -> float:
     """What the waiting queue adds to the occupancy: requests become resident only as fast
     as the engine admits them faster than it finishes others (Little's law: resident =
     running × admitted ÷ finished over the last minute), at most all of them and
     ``max_num_seqs``. With nothing finished yet there is no rate to go by, and the whole
-    queue counts. ``prompt`` is a typical prompt, ``per_request`` what a resident request
-    holds on average over its life."""
+    queue counts — unless it waits for compute or a batch slot rather than for blocks.
+    ``prompt`` is a typical prompt, ``per_request`` what a resident request holds on
+    average over its life."""
     last = pts[-1]
     recent = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
     waiting = sum(recent) / len(recent)
@@ -239,6 +247,11 @@ def queued_tokens(
         admitted = (last.prompt - first.prompt) / prompt if prompt > 0 else 0.0
         running = sum(p.running for p in window) / len(window)
         target = min(target, running * max(admitted, 0.0) / finished)
+    elif bottleneck in ("compute", "max_num_seqs"):
+        # No rate yet, but the queue waits for the token budget or a batch slot, not for
+        # blocks: it is admitted as requests leave (a prefill-bound burst on a fresh
+        # server reads 60 waiting and a cache 15 % full, and never preempts).
+        target = last.running
     return max(0.0, target - last.running) * per_request
 
 
@@ -287,7 +300,7 @@ def assess(inputs: Inputs) -> Risk:
     prompt_mean = _mean(inputs.recent_prompt) or _mean(inputs.prompt) or held
     generation_mean = _mean(inputs.recent_generation) or _mean(inputs.generation) or 0.0
     forecast += queued_tokens(
-        pts, prompt_mean, prompt_mean + generation_mean / 2, inputs.max_num_seqs
+        pts, prompt_mean, prompt_mean + generation_mean / 2, inputs.max_num_seqs, inputs.bottleneck
     )
 
     # Little's law: mean duration = mean running / finish rate.

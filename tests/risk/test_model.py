@@ -204,3 +204,13 @@ def test_a_running_batch_with_nothing_finished_is_expected_to_grow_as_much_again
     points = [Point(t, 0.5, 20.0, 0.0, 0.0, 4000.0 * t / 10, 0) for t in (0.0, 2.0, 10.0)]
     risk = assess(dataclasses.replace(inputs(points), generation=None, recent_generation=None))
     assert math.isclose(risk.committed_tokens, 4000.0)
+
+
+def test_a_prefill_bound_queue_on_a_fresh_server_is_not_counted_before_any_finish() -> None:
+    # 63 waiting, one running, nothing finished yet: with the queue held back by the
+    # token budget (not by blocks) it adds nothing (real vLLM 0.32, issue 13's case).
+    first = [Point(t, 0.1, 1.0, 63.0, 0.0, 0.0, 0, prompt=1500.0 * t) for t in (0.0, 2.0)]
+    compute = dataclasses.replace(inputs(first), bottleneck="compute")
+    blocks = dataclasses.replace(inputs(first), bottleneck="kv_cache")
+    assert assess(compute).preemption_risk < ALERT_THRESHOLD
+    assert assess(blocks).level_tokens > assess(compute).level_tokens
