@@ -10,8 +10,9 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
 * **level** — the mean occupancy over the last two minutes, plus its trend over the last
   five (least-squares slopes: the smaller of the five minutes' and their last half's,
   so that traffic that stepped up and then held is no ramp) carried ``HORIZON`` seconds
-  ahead when it is rising; at least the level today's traffic mix settles at (Little's law
-  on the last three minutes' requests); plus the **queue as fast as it can be admitted**:
+  ahead when it is rising; at least the level today's traffic mix settles at (Little's law:
+  the level scaled by the token-steps per request of the last three minutes' requests over
+  the window's); plus the **queue as fast as it can be admitted**:
   waiting requests raise the occupancy only while the engine admits them faster than it
   finishes requests (resident requests = running × admitted ÷ finished over the last
   minute, at most running + waiting and ``max_num_seqs``). A queue held back by prefill
@@ -190,28 +191,31 @@ def capped_touch(inputs: Inputs, draws: float) -> float | None:
     return float(1.0 - (1.0 - once) ** draws)
 
 
-def implied_level(inputs: Inputs, pts: Sequence[Point], since: float) -> float | None:
-    """Occupancy the current traffic settles at: arrival rate × token-seconds per request.
+def _token_steps(prompt: Histogram | None, generation: Histogram | None) -> float | None:
+    """Token-steps a request holds over its decode: ``G·P + G²/2`` in expectation."""
+    p, g = _moments(prompt), _moments(generation)
+    if p is None or g is None:
+        return None
+    return g[0] * p[0] + g[1] / 2
 
-    A request of prompt P that grows G tokens holds ``G·P + G²/2`` token-steps; steps
-    last ``running ÷ generation rate`` seconds; the rate is finished requests per second.
-    The lengths come from the last few minutes' requests only, so a shift in the mix
-    shows as soon as the first changed requests finish.
+
+def implied_level(inputs: Inputs, level: float) -> float | None:
+    """The level today's request mix settles at: the observed level scaled by how many
+    token-steps a request of the last few minutes holds against one of the whole window.
+
+    By Little's law the occupancy is the arrival rate × token-seconds per request; holding
+    the rate and the step time, it moves with the token-steps per request. A shift to longer
+    requests shows as soon as the first of them finish, before the occupancy has caught up.
+    (An earlier form estimated the rate and the step time outright; during prefill-bound
+    bursts, when most running requests are prefilling and generate nothing, that step time
+    came out several times too long and the level stayed above 100 % minutes after the
+    burst had drained.)
     """
-    p = _moments(inputs.recent_prompt)
-    g = _moments(inputs.recent_generation)
-    window = [q for q in pts if q.t >= since]
-    if p is None or g is None or len(window) < 2:
+    recent = _token_steps(inputs.recent_prompt, inputs.recent_generation)
+    window = _token_steps(inputs.prompt, inputs.generation)
+    if recent is None or window is None or window <= 0:
         return None
-    span = window[-1].t - window[0].t
-    finished = window[-1].finished - window[0].finished
-    generated = window[-1].generated - window[0].generated
-    if span <= 0 or finished <= 0 or generated <= 0:
-        return None
-    running = sum(q.running for q in window) / len(window)
-    step = running / (generated / span)
-    per_request = g[0] * p[0] + g[1] / 2
-    return finished / span * step * per_request
+    return level * recent / window
 
 
 def _mean(h: Histogram | None) -> float | None:
@@ -292,7 +296,7 @@ def assess(inputs: Inputs) -> Risk:
     if history >= TREND_MIN_SECONDS:
         trend = min(_slope(t_trend, u_trend), late)
     forecast = level + max(0.0, trend) * HORIZON
-    implied = implied_level(inputs, pts, t_trend[0])
+    implied = implied_level(inputs, level)
     if implied is not None:
         # The level today's traffic mix settles at (Little's law) — ahead of the
         # occupancy when the mix just changed.

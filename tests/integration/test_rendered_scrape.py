@@ -300,14 +300,6 @@ def test_every_sidecar_panel_has_data_for_the_sidecars_pod(run: Run) -> None:
     assert not empty, f"panels without data for {variables}:\n" + "\n".join(empty)
 
 
-# Depends on issue 17 (the sidecar's model label is vLLM's served model name): before it,
-# a sidecar given a model path reports the folder's name, which vLLM's model_name is not.
-ISSUE_17 = pytest.mark.xfail(
-    strict=False, reason="issue 17: kv_headroom_info{model} must be vLLM's served model name"
-)
-
-
-@ISSUE_17
 def test_every_vllm_panel_has_data_for_the_sidecars_model(run: Run) -> None:
     """The dashboards' $model comes from kv_headroom_info and filters vLLM's series by
     model_name: the panels on vLLM's own series fill only if the two names agree."""
@@ -328,7 +320,6 @@ def test_every_rule_evaluates_without_error(run: Run) -> None:
     assert not broken
 
 
-@ISSUE_17
 def test_vllm_only_alerts_find_the_sidecar_for_the_model_vllm_serves(run: Run) -> None:
     """The join the vLLM-only alerts stand down on: vLLM's model_name against the sidecar's
     kv_headroom_info{model} (the served model name, from vLLM's /v1/models)."""
