@@ -18,11 +18,11 @@ from aiohttp.test_utils import TestServer
 
 from exporter.config import Config
 from exporter.demo_cli import sidecar_config, sidecar_deps
-from exporter.deployment import Resolved
 from exporter.poller import Poller
 from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.snapshot import Snapshot
+from exporter.snapshot import empty as snapshot_empty
 from exporter.sources.vllm import VllmClient
 from exporter.status import status_page
 from exporter.trail import Trail, trail_of
@@ -180,18 +180,4 @@ def test_the_page_says_it_is_waiting_before_vllm_has_answered() -> None:
 
 
 def _empty_snapshot() -> Snapshot:
-    return Snapshot(
-        time=START,
-        sources=(),
-        poll_duration_seconds=0.0,
-        deployment=Resolved(),
-        model_name=None,
-        attention_kind=None,
-        kv_bytes_per_token=None,
-        kv_bytes_per_token_source=None,
-        expected=None,
-        expected_note="",
-        engines=(),
-        gpus=(),
-        vllm_ready=False,
-    )
+    return snapshot_empty(START, ())
