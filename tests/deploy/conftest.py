@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +134,27 @@ def vllm_deployment(name: str = "my-vllm", port: int = 8000) -> str:
         },
     }  # fmt: skip
     return yaml.safe_dump(deployment, sort_keys=False)
+
+
+@contextlib.contextmanager
+def simulated_vllm(max_seconds: int) -> Iterator[str]:
+    """``tests/deploy/simulated_vllm.py`` in its own process for at most ``max_seconds``;
+    yields its URL (the helper prints its port first, or exits)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.deploy.simulated_vllm", "--max-seconds", str(max_seconds)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("port "), f"simulator did not start: {line!r}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import ROOT
+from tests.deploy.conftest import ROOT, simulated_vllm
 from tests.sidecar.conftest import unused_port
 
 pytestmark = pytest.mark.slow
@@ -138,28 +138,6 @@ def _install(base: Path, python: str) -> Path:
     return venv
 
 
-@contextlib.contextmanager
-def _simulator() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.deploy.simulated_vllm", "--max-seconds", "150"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the helper prints its port first, or exits
-        assert line.startswith("port "), f"simulator did not start: {line!r}"
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def _run_sidecar(venv: Path, base: Path, vllm_url: str) -> Run:
     home, work, tmp, proc_dir = (base / n for n in ("home", "work", "tmp", "proc"))
     for d in (home, work, tmp, proc_dir):
@@ -228,7 +206,7 @@ def _run() -> Iterator[Run]:
     try:
         base.chmod(0o755)  # mkdtemp's 0700 would lock the unprivileged user out
         venv = _install(base, python)
-        with _simulator() as vllm_url:
+        with simulated_vllm(max_seconds=150) as vllm_url:
             yield _run_sidecar(venv, base, vllm_url)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -29,7 +29,15 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.conftest import DEPLOY, ROOT, kustomize, overlay, sidecar_of, vllm_deployment
+from tests.deploy.conftest import (
+    DEPLOY,
+    ROOT,
+    kustomize,
+    overlay,
+    sidecar_of,
+    simulated_vllm,
+    vllm_deployment,
+)
 from tests.deploy.recipes import readme_recipe
 from tests.processes import free_port, http_get
 
@@ -192,28 +200,6 @@ def _run_container(tag: str, sidecar: dict[str, Any], vllm_url: str) -> Ran:
         _podman("rm", "--force", "--time", "5", name, check=False)
 
 
-@contextlib.contextmanager
-def _simulator() -> Iterator[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.deploy.simulated_vllm", "--max-seconds", "180"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("port "), f"simulator did not start: {line!r}"
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
 def _build(ctx: Path, tag: str) -> tuple[str, float]:
     """The image's id and the seconds the build took."""
     started = time.monotonic()
@@ -269,7 +255,7 @@ def image() -> Iterator[Built]:
 
 @pytest.fixture(scope="module")
 def ran(image: Built) -> Ran:
-    with _simulator() as vllm_url:
+    with simulated_vllm(max_seconds=180) as vllm_url:
         return _run_container(image.tag, rendered_sidecar(), vllm_url)
 
 
