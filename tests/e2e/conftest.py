@@ -111,12 +111,18 @@ class FreshRuns:
 
 
 async def _run_fresh(servers: dict[str, VllmServer], into: FreshRuns) -> None:
-    # Each server's compute threads are on a core of their own: the two run side by side.
-    cold, compute = await asyncio.gather(
-        run_cold_start(servers[COLD]), run_compute_bound(servers[COMPUTE]),
-        return_exceptions=True,
-    )  # fmt: skip
-    into.cold, into.compute = cold, compute
+    # One after the other: the cold start measures seconds of lead, and side by side with
+    # the compute-bound run two busy engines left its sidecar unanswered for 17 s on a
+    # 2-core CI machine — a starved test, not a late model.
+    # What a run raises is raised again by the fixture of the tests that need it.
+    try:
+        into.cold = await run_cold_start(servers[COLD])
+    except Exception as exc:
+        into.cold = exc
+    try:
+        into.compute = await run_compute_bound(servers[COMPUTE])
+    except Exception as exc:
+        into.compute = exc
 
 
 @pytest.fixture(scope="session")

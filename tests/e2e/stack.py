@@ -44,10 +44,11 @@ RAMP_BOUND_S = SAFE_S + 30 * STEP_S
 # VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
 RESOLVE_BOUND_S = 7 * 60.0
 PROBE = Request(prompt_tokens=300, max_tokens=1500)
-# A fast server streams a probe in a few seconds, between two 2 s polls: stream probes one
-# after another until the sidecar has reported this many readings, at most PROBE_TRIES.
+# A fast server streams a probe in a few seconds, and only readings PROBE_LOOKBACK_S into
+# one count (see _probe_once): stream probes one after another until the sidecar has
+# reported this many readings, at most PROBE_TRIES.
 PROBE_READINGS = 3
-PROBE_TRIES = 6
+PROBE_TRIES = 10
 PROBE_LOOKBACK_S = 6.0  # the sidecar's figure is at most this old (2 s polls, slow CPU)
 
 
@@ -182,8 +183,12 @@ async def _probe_once(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> Non
         text = await asyncio.to_thread(sidecar.metrics)
         now = time.time()
         per_seq = value(text, "kv_headroom_tokens_per_running_sequence", engine="0")
-        if per_seq is not None and value(text, "kv_headroom_requests_running") == 1:
-            run.probe.append((per_seq, streamed_at(now - PROBE_LOOKBACK_S), streamed_at(now)))
+        before = streamed_at(now - PROBE_LOOKBACK_S)
+        # Only once the probe had streamed PROBE_LOOKBACK_S ago is the sidecar's figure
+        # surely of it: earlier, its poll may predate the probe and show the one before
+        # (seen on a loaded machine: 1,664 tokens, the last probe's end, 0 streamed).
+        if per_seq is not None and value(text, "kv_headroom_requests_running") == 1 and before:
+            run.probe.append((per_seq, before, streamed_at(now)))
         await asyncio.sleep(0.5)
     await task
     run.probes_streamed += 1
