@@ -1,8 +1,8 @@
 """Two runs on freshly started vLLM 0.32 (CPU) servers, each with a fresh sidecar (issue 13).
 
-* **Cold start into a burst** — the harness's Llama (48 blocks of 128), a sidecar started
-  next to it, and ``COLD_IDLE_S`` later a burst of requests all at once whose prompts fit
-  the cache and whose answers overfill it: vLLM preempts within seconds, while the sidecar
+* **Cold start into a burst** — the harness's Llama (48 blocks of 128, a 4,096-token
+  context), a sidecar started next to it, and ``COLD_IDLE_S`` later a burst of requests
+  all at once whose prompts fit the cache and whose answers overfill it: vLLM preempts within seconds, while the sidecar
   has watched for less than its trend needs. Scale-up into a traffic spike is this case.
 * **A compute-bound queue** — the issue's reproduction: the same Llama with 200 blocks of
   128, ``--max-num-batched-tokens 128 --max-num-seqs 64``, and waves of 64 long prompts with
@@ -34,16 +34,19 @@ CONFIG = FIXTURES / "vllm" / "tinyllama.config.json"
 READ_EVERY_S = 0.5  # the sidecar polls vLLM every 2 s (its default); read its page faster
 SIDECAR_ARGS = ("--model.path", str(CONFIG), "--no-nvml.enabled")
 
-# The burst: the prompts take about half of the 6,144-token cache, so all are admitted at
-# once; their answers would need half as much again as the cache, so the batch outgrows it
-# while it decodes. Few long sequences fill the rest slowly (a CPU step's time hardly
-# depends on the batch), so that a faster machine still leaves a 2 s poll or two between
-# the batch's growth showing and vLLM evicting a request (8 requests of 250-400 + 900-1,200
-# tokens left 3.2-12.7 s).
+# The burst: the prompts take under a third of the 6,144-token cache, so all are admitted at
+# once; their answers would need a quarter more than the cache, so the batch outgrows it
+# while it decodes. A CPU step's time hardly depends on the batch, so the cache fills at a
+# rate proportional to the number of sequences: three long ones leave even a fast machine
+# over 2 s polls between the growth showing (the age prior warns when about two thirds of
+# the free space has gone) and vLLM evicting a request. Five sequences of 500-700 +
+# 1,100-1,300 tokens filled it in 3 s on an idle machine: a warning and the eviction fell
+# on the same poll.
 COLD_IDLE_S = 10.0  # the sidecar watches an idle server this long first (< 30 s)
-COLD_BURST = 5
+COLD_BURST = 3
 COLD_PROMPT = (500, 700)
-COLD_GENERATION = (1100, 1300)  # at most 2,000 tokens in all: max_model_len is 2,048
+COLD_GENERATION = (1900, 2100)  # at most 2,800 tokens in all: max_model_len is COLD_MAX_LEN
+COLD_MAX_LEN = "4096"  # the config's max_position_embeddings; the other servers use 2,048
 COLD_SEED = 13
 
 # The issue's reproduction of a prefill-bound queue.
@@ -204,7 +207,12 @@ async def run_compute_bound(server: VllmServer) -> ComputeRun:
 
 
 def cold_server() -> VllmServer:
-    return VllmServer(CONFIG, name="tinyllama", env={"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    return VllmServer(
+        CONFIG,
+        name="tinyllama",
+        extra_args=("--max-model-len", COLD_MAX_LEN),
+        env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
+    )
 
 
 def compute_server() -> VllmServer:
