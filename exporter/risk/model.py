@@ -14,13 +14,14 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   occupancy = arrival rate × token-seconds per request): when requests have arrived more
   slowly over the last half-minute than the ones that made the level finished, level and
   trend fall by that ratio (the level to no less than what is resident now) — a burst
-  that has drained leaves no level behind; at least the level today's traffic mix settles at (Little's law:
-  the level scaled by the token-steps per request of the last three minutes' requests over
-  the window's); plus the **queue as fast as it can be admitted**:
-  waiting requests (smoothed, never more than wait now) raise the occupancy only while
-  the engine admits them faster than it finishes requests (resident requests = running × admitted ÷ finished over the last
-  minute, at most running + waiting and ``max_num_seqs``). A queue held back by prefill
-  compute or by ``max_num_seqs`` is admitted as fast as requests leave and adds nothing: it
+  that has drained leaves no level behind; at least the level today's traffic mix
+  settles at (Little's law: the level scaled by the token-steps per request of the last
+  three minutes' requests over the window's); plus the **queue as fast as it can be
+  admitted**: waiting requests (smoothed, never more than wait now) raise the occupancy
+  only while the engine admits them faster than it finishes requests (resident requests
+  = running × admitted ÷ finished over the last minute, at most running + waiting and
+  ``max_num_seqs``). A queue held back by prefill compute or by ``max_num_seqs`` is
+  admitted as fast as requests leave and adds nothing: it
   is not KV pressure (``bottleneck.py`` says what it is instead);
 * **spread** — not the noisy spread of a few polls but the one the traffic implies: for
   requests arriving at random (an M/G/∞ system) the occupancy's variance is its mean
