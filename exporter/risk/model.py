@@ -10,13 +10,18 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
 * **level** — the mean occupancy over the last two minutes, plus its trend over the last
   five (least-squares slopes: the smaller of the five minutes' and their last half's,
   so that traffic that stepped up and then held is no ramp) carried ``HORIZON`` seconds
-  ahead when it is rising; at least the level today's traffic mix settles at (Little's law:
-  the level scaled by the token-steps per request of the last three minutes' requests over
-  the window's); plus the **queue as fast as it can be admitted**:
-  waiting requests raise the occupancy only while the engine admits them faster than it
-  finishes requests (resident requests = running × admitted ÷ finished over the last
-  minute, at most running + waiting and ``max_num_seqs``). A queue held back by prefill
-  compute or by ``max_num_seqs`` is admitted as fast as requests leave and adds nothing: it
+  ahead when it is rising. Both follow the load that is still arriving (Little's law:
+  occupancy = arrival rate × token-seconds per request): when requests have arrived more
+  slowly over the last half-minute than the ones that made the level finished, level and
+  trend fall by that ratio (the level to no less than what is resident now) — a burst
+  that has drained leaves no level behind; at least the level today's traffic mix
+  settles at (Little's law: the level scaled by the token-steps per request of the last
+  three minutes' requests over the window's); plus the **queue as fast as it can be
+  admitted**: waiting requests (smoothed, never more than wait now) raise the occupancy
+  only while the engine admits them faster than it finishes requests (resident requests
+  = running × admitted ÷ finished over the last minute, at most running + waiting and
+  ``max_num_seqs``). A queue held back by prefill compute or by ``max_num_seqs`` is
+  admitted as fast as requests leave and adds nothing: it
   is not KV pressure (``bottleneck.py`` says what it is instead);
 * **spread** — not the noisy spread of a few polls but the one the traffic implies: for
   requests arriving at random (an M/G/∞ system) the occupancy's variance is its mean
@@ -24,7 +29,8 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   generation-length histograms (a request of prompt P growing G tokens: ``(G·P² + P·G² +
   G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together; or the
   observed spread around the last half's trend when that is wider (near saturation
-  steps slow down and the swings grow);
+  steps slow down and the swings grow), scaled like the level when the load that made
+  those swings is leaving (variance goes with the arrival rate);
 * **score** — ``z = (capacity − level) / spread`` headroom in spreads; the score is
   logistic in z, 0.5 at ``Z_HALF`` spreads (calibrated on the simulator's scenario
   library by ``benchmarks/alert_quality.py``: a ranking score, not a probability);
@@ -218,6 +224,23 @@ def implied_level(inputs: Inputs, level: float) -> float | None:
     return level * recent / window
 
 
+def load_ratio(pts: Sequence[Point], recent: float, window: float) -> float:
+    """Requests arriving per second over the last ``recent`` seconds against requests
+    finishing per second over the last ``window`` — the throughput that held the
+    occupancy there (1 when nothing finished: no rate to go by). Arrivals are the growth
+    of finished + running + waiting, which preemption does not move."""
+    last = pts[-1]
+
+    def first(seconds: float) -> Point:
+        return next(p for p in pts if p.t >= last.t - seconds)
+
+    a, f = first(recent), first(window)
+    if last.t - a.t <= 0 or last.t - f.t <= 0 or last.finished <= f.finished:
+        return 1.0
+    arrived = last.finished + last.running + last.waiting - (a.finished + a.running + a.waiting)
+    return max(0.0, arrived) / (last.t - a.t) / ((last.finished - f.finished) / (last.t - f.t))
+
+
 def _mean(h: Histogram | None) -> float | None:
     return h.sum / h.count if h is not None and h.count > 0 else None
 
@@ -238,7 +261,8 @@ def queued_tokens(
     average over its life."""
     last = pts[-1]
     recent = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
-    waiting = sum(recent) / len(recent)
+    # Smoothed, but never more than waits now: a queue that has drained adds nothing.
+    waiting = min(sum(recent) / len(recent), last.waiting)
     if waiting <= 0 or per_request <= 0:
         return 0.0
     target = last.running + waiting
@@ -286,6 +310,11 @@ def assess(inputs: Inputs) -> Risk:
 
     _, u_level = window(LEVEL_SECONDS)
     level = sum(u_level) / len(u_level)
+    # Little's law: the level moves with the arrival rate. When requests arrive more slowly
+    # than the ones that made the level finished (a burst that drained), the load that made
+    # it is leaving: the level falls with the rate, to no less than what is resident now.
+    slowing = min(1.0, load_ratio(pts, QUEUE_SECONDS, LEVEL_SECONDS))
+    level = max(min(used[-1], level), level * slowing)
     t_trend, u_trend = window(TREND_SECONDS)
     # The window's last half: a rise must still be going on there to count as a trend,
     # and the swings are measured there, so that a step up (traffic that started, one
@@ -294,7 +323,9 @@ def assess(inputs: Inputs) -> Risk:
     late = _slope(t_late, u_late) if len(t_late) > 2 else 0.0
     trend = 0.0
     if history >= TREND_MIN_SECONDS:
-        trend = min(_slope(t_trend, u_trend), late)
+        # A rise is carried ahead only as far as requests still arrive to carry it: one
+        # made by a burst that has stopped arriving is not a ramp.
+        trend = min(_slope(t_trend, u_trend), late) * slowing
     forecast = level + max(0.0, trend) * HORIZON
     implied = implied_level(inputs, level)
     if implied is not None:
@@ -329,6 +360,9 @@ def assess(inputs: Inputs) -> Risk:
     mu = sum(u_late) / len(u_late)
     residuals = [u - (mu + late * (t - mt)) for t, u in zip(t_late, u_late, strict=True)]
     observed = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+    # Swings made by a load that is leaving shrink with it: the occupancy's variance goes
+    # with the arrival rate (λ·E[∫size²] for random arrivals).
+    observed *= math.sqrt(slowing)
     spread = max(theory, observed)
     # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising
     # logistically as it closes in (calibrated on the simulator's scenario library).

@@ -214,3 +214,40 @@ def test_a_prefill_bound_queue_on_a_fresh_server_is_not_counted_before_any_finis
     blocks = dataclasses.replace(inputs(first), bottleneck="kv_cache")
     assert assess(compute).preemption_risk < ALERT_THRESHOLD
     assert assess(blocks).level_tokens > assess(compute).level_tokens
+
+
+def test_a_queue_that_has_drained_adds_nothing() -> None:
+    quiet = history(300, lambda t: 0.5, lambda t: 30.0)
+    queue = queued(quiet, 40, 2.0)
+    drained = [*queue[:-1], dataclasses.replace(queue[-1], waiting=0.0)]
+    gap = assess(inputs(drained)).level_tokens - assess(inputs(quiet)).level_tokens
+    assert gap == 0
+
+
+def burst_then_idle(now: float) -> list[Point]:
+    """A server at 10 % with a request every 2 s, hit at 120 s by 150 requests at once that
+    fill it to 90 % and finish by 200 s; quiet again until ``now``."""
+    points, finished, arrived = [], 0.0, 0.0
+    for i in range(int(now / 2) + 1):
+        t = i * 2.0
+        arrived += 1.0 if t > 0 else 0.0
+        in_burst = 120 <= t < 200
+        if t == 120:
+            arrived += 150
+        usage = 0.9 if in_burst else 0.1
+        running = 40.0 if in_burst else 5.0
+        waiting = max(0.0, 110.0 - (t - 120) * 2) if in_burst else 0.0
+        finished = arrived - running - waiting
+        generated = 25.0 * 40 * t
+        points.append(Point(t, usage, running, waiting, finished, generated, 0, finished * 1500))
+    return points
+
+
+def test_a_burst_that_has_drained_leaves_no_risk_behind() -> None:
+    # 40 s after the burst's last request left, arrivals are back to one every 2 s while the
+    # level's two minutes still hold the burst: that load has gone.
+    assert assess(inputs(burst_then_idle(240))).preemption_risk < 0.05
+
+
+def test_the_same_burst_is_a_risk_while_it_runs() -> None:
+    assert assess(inputs(burst_then_idle(170))).preemption_risk > ALERT_THRESHOLD
