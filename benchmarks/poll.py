@@ -349,6 +349,7 @@ def main() -> int:
     if args.memory_child:
         asyncio.run(memory_child(args.memory_child[0], int(args.memory_child[1])))
         return 0
+    configure("error", "json", sys.stderr)  # the pollers' own log lines are not the report
     result = {
         "parse": bench_parse(),
         "cycle": asyncio.run(bench_cycle(min(args.polls, 2000))),
