@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from aiohttp import web
 
+from exporter.cli_args import bounded_float
 from exporter.config import TIMEOUT_SHARE, Config, ConfigError, Deployment, load_config
 from exporter.log import configure
 from exporter.poller import Poller, PollerDeps
@@ -73,14 +74,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _speed(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1000:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a number in (0, 1000], e.g. 5")
-    return value
+_speed = bounded_float(1000, "a number", "5")
 
 
 def run(args: argparse.Namespace) -> int:

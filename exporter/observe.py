@@ -10,11 +10,13 @@ a page into the next observation. Pure.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from exporter.capacity.histogram import Histogram, histogram_delta
+from exporter.risk.model import Point
 from exporter.sources.vllm_page import MAX_ENGINES, CacheConfig, EngineMetrics, VllmPage
 
 # Per-engine counter state is kept across polls so totals survive restarts; engines that
@@ -118,6 +120,38 @@ class Observation:
     page: VllmPage | None
     totals: Mapping[str, Totals] = field(default_factory=dict)
     epoch: int = 0  # counts vLLM restarts seen: trends never span one
+
+    @functools.cached_property
+    def points(self) -> Mapping[str, Point]:
+        """The risk model's view of each engine that answered with a usage figure.
+
+        Built once per observation and kept with it in the history: every poll's risk
+        reads the last five minutes of these, and rebuilding them each poll (one scan of
+        the page per engine per observation) was the largest part of a poll.
+        """
+        if self.page is None:
+            return {}
+        out: dict[str, Point] = {}
+        seen: set[str] = set()  # the first read of an engine is its read (VllmPage.engine)
+        for raw in self.page.engines:
+            if raw.engine in seen:
+                continue
+            seen.add(raw.engine)
+            totals = self.totals.get(raw.engine)
+            if totals is None or raw.kv_usage is None:
+                continue
+            out[raw.engine] = Point(
+                self.time,
+                raw.kv_usage,
+                raw.running or 0.0,
+                raw.waiting or 0.0,
+                totals.requests_finished,
+                totals.generation_tokens,
+                self.epoch,
+                totals.prompt_tokens,
+                totals.preemptions,
+            )
+        return out
 
 
 # The cache_config_info figures that size the cache: only a restart changes them.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from exporter.capacity.releases import (
     parse_version,
     release,
 )
+from exporter.cli_args import bounded_float
 from exporter.errors import InputError
 from exporter.simulator.requestlog import ROLES
 from exporter.simulator.scenario import parse_duration
@@ -218,14 +218,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a fraction in (0, 1], e.g. 0.9")
-    return value
+_fraction = bounded_float(1, "a fraction", "0.9")
 
 
 def _block_size(text: str) -> int:

@@ -305,26 +305,7 @@ def _recent_histogram(
 
 def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
     """The risk model's view of one engine over the recent observations it answered in."""
-    out = []
-    for obs in recent:
-        raw = obs.page.engine(engine) if obs.page is not None else None
-        totals = obs.totals.get(engine)
-        if raw is None or totals is None or raw.kv_usage is None:
-            continue
-        out.append(
-            Point(
-                obs.time,
-                raw.kv_usage,
-                raw.running or 0.0,
-                raw.waiting or 0.0,
-                totals.requests_finished,
-                totals.generation_tokens,
-                obs.epoch,
-                totals.prompt_tokens,
-                totals.preemptions,
-            )
-        )
-    return out
+    return [p for obs in recent if (p := obs.points.get(engine)) is not None]
 
 
 def engine_views(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from exporter.capacity.histogram import Histogram
-from exporter.observe import History, Observation, advance, restarted
-from exporter.sources.vllm_page import EngineMetrics
+from exporter.observe import Folder, History, Observation, advance, fold, restarted
+from exporter.sources.vllm_page import EngineMetrics, VllmPage
 
 
 def engine(preemptions: float, finished: float, count: float = 0.0) -> EngineMetrics:
@@ -47,3 +47,25 @@ def test_history_is_bounded_by_length_too() -> None:
     for second in range(30):
         h.append(Observation(float(second), None))
     assert len(h) == 5
+
+
+def test_an_observations_points_are_the_risk_models_view_of_each_engine_that_reported_usage() -> (
+    None
+):
+    page = VllmPage(
+        (
+            EngineMetrics("0", running=3, waiting=1, kv_usage=0.4, requests_finished=7),
+            EngineMetrics("1", running=2),  # no usage figure: nothing to assess
+            EngineMetrics("0", running=9, kv_usage=0.9),  # a second read: the first counts
+        )
+    )
+    folded = fold(fold(Folder(), 0.0, page).folder, 2.0, page).observation
+    assert set(folded.points) == {"0"}
+    point = folded.points["0"]
+    assert (point.t, point.usage, point.running, point.waiting) == (2.0, 0.4, 3, 1)
+    assert point.epoch == folded.epoch
+    assert point.finished == folded.totals["0"].requests_finished
+
+
+def test_an_observation_without_a_page_has_no_points() -> None:
+    assert Observation(0.0, None).points == {}
