@@ -136,6 +136,19 @@ class Release:
         return 64 if self.version >= (0, 33, 0) else None
 
     @property
+    def sorting_sampler(self) -> bool:
+        """The profile run's top-k/top-p goes through the sorting path (0.11-0.16).
+
+        Measured, not read from vLLM's code: five 0.11 H100 starts print sampler peaks of
+        38.4-39.6 B per dummy request and vocabulary entry (llm-d-benchmark), which is what
+        sorting the fp32 logits with int64 indices costs; the 0.10.1.1 A100 starts leave at
+        most 0.56 GiB for the whole peak (dennislee22/vLLM-benchmarking), which only the
+        sort-free path fits; 0.17 dropped the peak again (the shared reference's sweep).
+        Releases between 0.10.1.1 and 0.11.0 are unmeasured and taken as 0.11.
+        """
+        return (0, 10, 2) <= self.version < (0, 17, 0)
+
+    @property
     def sampler_warmup_pass(self) -> bool:
         # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.
         return self.version >= (0, 33, 0)
