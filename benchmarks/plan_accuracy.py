@@ -71,7 +71,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     A row's activation peak is ``max(forward, sampler)``, so it measures only the phase that
     set it: rows whose modelled forward pass outweighs the sampler refit ``forward_bytes``,
     rows the other way round refit the sampler's fixed bytes per entry of the top-k/top-p
-    path their release takes (sort-free, or sorting in 0.10.2-0.16); the per-dtype byte
+    path their release takes (sort-free, or sorting in 0.11.1-0.16); the per-dtype byte
     stays counted from the code. Non-torch memory is refit per engine (V0, V1) from the
     rows that print it: one GPU from TP1 rows, TP > 1 from TP rows.
     """
