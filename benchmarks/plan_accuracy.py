@@ -70,26 +70,38 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
 
     A row's activation peak is ``max(forward, sampler)``, so it measures only the phase that
     set it: rows whose modelled forward pass outweighs the sampler refit ``forward_bytes``,
-    rows the other way round refit the sampler's fixed bytes per entry (the per-dtype byte
-    and the pre-0.17 sorting bytes stay counted from the code). Non-torch memory is refit
-    from single-GPU rows; the TP extra (comm buffers) only where TP rows print it.
+    rows the other way round refit the sampler's fixed bytes per entry of the top-k/top-p
+    path their release takes (sort-free, or sorting in 0.11.1-0.16); the per-dtype byte
+    stays counted from the code. Non-torch memory is refit per engine (V0, V1) from the
+    rows that print it: one GPU from TP1 rows, TP > 1 from TP rows.
     """
 
     def non_torch(rows: list[StartupPoint]) -> int | None:
         values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
         return int(statistics.fmean(values)) if values else None
 
-    single_nt = non_torch([pt for pt in points if pt.tp == 1])
-    tp_nt = non_torch([pt for pt in points if pt.tp > 1])
-    single = single_nt if single_nt is not None else fallback.non_torch_single_by_era[-1][1]
-    tp_extra = fallback.non_torch_tp - fallback.non_torch_single_by_era[-1][1]
+    def era(table: tuple[tuple[tuple[int, int, int], int], ...], v1: bool) -> int:
+        return next(b for since, b in table if (since >= (0, 8, 0)) == v1)
+
+    tables: dict[str, dict[bool, int]] = {"single": {}, "tp": {}}
+    for v1 in (True, False):
+        engine = [pt for pt in points if pt.request.release.v1 == v1]
+        single = non_torch([pt for pt in engine if pt.tp == 1 and pt.pp == 1])
+        tp = non_torch([pt for pt in engine if pt.tp > 1])
+        tables["single"][v1] = (
+            single if single is not None else era(fallback.non_torch_single_by_era, v1)
+        )
+        # Without TP rows, TP keeps the fallback's comm-buffer extra over one GPU.
+        extra = era(fallback.non_torch_tp_by_era, v1) - era(fallback.non_torch_single_by_era, v1)
+        tables["tp"][v1] = tp if tp is not None else tables["single"][v1] + extra
 
     forward: list[float] = []
-    sampler: list[float] = []
+    sampler: dict[bool, list[float]] = {True: [], False: []}  # keyed by sorting path
     for pt in points:
         if pt.pp > 1:
             continue
         p = plan(replace(pt.request, overhead=fallback))
+        release = p.request.release
         peak = _note(pt, "torch peak increase")
         if peak is None and pt.printed_weights_bytes is not None and pt.tp == 1:
             # Without a printed breakdown, what the weights and the KV cache leave of the
@@ -100,7 +112,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
                 stage.requested
                 - pt.printed_weights_bytes
                 - pt.printed_kv_bytes
-                - single
+                - tables["single"][release.v1]
                 - stage.cuda_graph
             )
         if peak is None or peak <= 0:
@@ -110,37 +122,53 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
         width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
         modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
         entries = _entries(p)
-        per_entry = fallback.sampler_fixed_bytes + fallback.sampler_dtype_bytes * dtype_bytes
-        if p.request.release.version < (0, 17, 0):
-            per_entry += fallback.sampler_early_extra_bytes
+        sorting = release.sorting_sampler
+        fixed = fallback.sampler_sort_bytes if sorting else fallback.sampler_fixed_bytes
+        per_entry = fixed + fallback.sampler_dtype_bytes * dtype_bytes
         if modelled_forward >= per_entry * entries and width:
             forward.append(peak / (p.max_num_batched_tokens * width))
         elif entries:
-            extra = per_entry - fallback.sampler_fixed_bytes
-            sampler.append(peak / entries - extra)
+            sampler[sorting].append(peak / entries - fallback.sampler_dtype_bytes * dtype_bytes)
+
+    def mean(values: list[float], default: float) -> float:
+        return statistics.fmean(values) if values else default
 
     return replace(
         fallback,
-        forward_bytes=statistics.fmean(forward) if forward else fallback.forward_bytes,
-        sampler_fixed_bytes=statistics.fmean(sampler) if sampler else fallback.sampler_fixed_bytes,
-        non_torch_tp=tp_nt if tp_nt is not None else single + tp_extra,
-        non_torch_pp_stage=single,
-        non_torch_single_by_era=(((0, 0, 0), single),),
+        forward_bytes=mean(forward, fallback.forward_bytes),
+        sampler_fixed_bytes=mean(sampler[False], fallback.sampler_fixed_bytes),
+        sampler_sort_bytes=mean(sampler[True], fallback.sampler_sort_bytes),
+        non_torch_pp_stage=tables["single"][True],
+        non_torch_single_by_era=(
+            ((0, 8, 0), tables["single"][True]),
+            ((0, 0, 0), tables["single"][False]),
+        ),
+        non_torch_tp_by_era=(((0, 8, 0), tables["tp"][True]), ((0, 0, 0), tables["tp"][False])),
     )
 
 
 # What the model assumes before any fixture row is seen, so that a refit without a row's model
-# or family cannot inherit what the shipped coefficients learnt from that row: the forward
-# pass counted from the MLP (gate/up outputs and the activation: 3 × width per token), no
-# non-torch growth on one GPU, and the terms that come from outside the fixtures (the TP
-# comm buffers of vLLM PR 10511, the public CUDA-graph estimates, the sampler's code count).
+# or family cannot inherit what the shipped coefficients learnt from that row, and what a term
+# no row measures keeps: the forward pass counted from the MLP (gate/up outputs and the
+# activation: 3 × width per token); as non-torch growth on one GPU (and per PP stage) only
+# the cuBLAS/cuBLASLt workspace (32 MiB) the first matmuls of the profile run allocate
+# outside PyTorch's pool (the allocation 0.33 moves into the start-up baseline); the TP comm
+# buffers of vLLM PR 10511 on top with TP > 1; the public CUDA-graph estimates; the
+# sampler's code count: three fp32 logits-sized buffers on the sort-free path, plus fp32
+# sorted values and int64 indices on the sorting path.
+_CUBLAS = OverheadModel().cublas_baseline
+_PR_10511_TP = int(1.79 * GIB)
 PRIOR = replace(
     OverheadModel(),
     forward_bytes=3.0,
-    sampler_fixed_bytes=12.0,  # the sampler's code count: three fp32 logits-sized buffers
-    non_torch_single_by_era=(((0, 0, 0), 0),),
-    non_torch_pp_stage=0,
-    non_torch_tp=OverheadModel().non_torch_tp - OverheadModel().non_torch_single_by_era[-1][1],
+    sampler_fixed_bytes=12.0,
+    sampler_sort_bytes=24.0,
+    non_torch_single_by_era=(((0, 8, 0), _CUBLAS), ((0, 0, 0), _CUBLAS)),
+    non_torch_pp_stage=_CUBLAS,
+    non_torch_tp_by_era=(
+        ((0, 8, 0), _CUBLAS + _PR_10511_TP),
+        ((0, 0, 0), _CUBLAS + _PR_10511_TP),
+    ),
 )
 
 
@@ -244,11 +272,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rows whose printed profile or weights refit a coefficient: {len(profiled)}")
     print("coefficients refit on all rows (shipped in parentheses; they should agree):")
     print(
-        f"  sampler {refit.sampler_fixed_bytes:.2f} + {refit.sampler_dtype_bytes:.2f}/dtype byte "
-        f"({ship.sampler_fixed_bytes} + {ship.sampler_dtype_bytes}), "
-        f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes}), "
-        f"TP non-torch {refit.non_torch_tp / GIB:.2f} GiB ({ship.non_torch_tp / GIB:.2f})"
+        f"  sampler {refit.sampler_fixed_bytes:.2f} ({ship.sampler_fixed_bytes}) sort-free, "
+        f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
+        f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
+        f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes})"
     )
+    for (since, single), (_, tp) in zip(
+        refit.non_torch_single_by_era, refit.non_torch_tp_by_era, strict=True
+    ):
+        shipped_single = next(b for s, b in ship.non_torch_single_by_era if s == since)
+        shipped_tp = next(b for s, b in ship.non_torch_tp_by_era if s == since)
+        engine = "V1" if since >= (0, 8, 0) else "V0"
+        print(
+            f"  {engine} non-torch {single / GIB:.2f} GiB ({shipped_single / GIB:.2f}) on one GPU, "
+            f"{tp / GIB:.2f} GiB ({shipped_tp / GIB:.2f}) per GPU with TP > 1"
+        )
     return 0
 
 

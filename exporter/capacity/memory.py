@@ -16,25 +16,31 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``S`` is ``(fixed + dtype bytes)`` per entry. Counted from vLLM's sampler code, the
-  logits in the model dtype, their fp32 copy (``Sampler.forward``), the softmax
-  probabilities and the renormalised probabilities FlashInfer's top-k/top-p sampler writes
-  make ``fixed`` 12 B; the one public V1 start whose sampler sets the peak (gpt-oss-20b on
-  an A100 under 0.19, weights and KV memory printed, so the peak is what they leave of the
-  ceiling less 0.35 GiB of non-torch memory) refits it to 16.5 B, which is shipped — one
-  row, so the code count is the floor and the refit a single measurement. Before 0.17 the
-  sampler's peak was larger (the shared reference's version sweep); it is modelled as the
-  sorting top-k/top-p path (``logits.sort``: fp32 values and int64 indices, 12 B more per
-  entry), unmeasured.
+  ``S`` is ``(fixed + dtype bytes)`` per entry, ``fixed`` set by the top-k/top-p path
+  the release takes. The sort-free path (FlashInfer's top-k/top-p sampler; up to 0.11.0
+  and from 0.17) holds the fp32 logits copy, the softmax probabilities and the
+  renormalised probabilities: 12 B counted from vLLM's sampler code. Three public V1
+  starts whose sampler sets the peak there and that print weights and KV memory refit it
+  to 15.95 B, which is shipped: gpt-oss-20b on an A100 under 0.19 (23.1 B) and Qwen2-7B
+  on an A100 under 0.10.1.1 at two utilizations (12.5 and 12.3 B,
+  dennislee22/vLLM-benchmarking), each taking the peak as what weights and KV memory
+  leave of the ceiling less the 32 MiB of V1 non-torch memory below.
+  From 0.11.1 to 0.16 the sorting path sets the peak (``logits.sort``: fp32 values and
+  int64 indices on top; see ``Release.sorting_sampler``): 24 B, the code count — no
+  fixture row in that window prints what its peak is made of, so nothing refits it.
   ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
   (3.87) is fitted by ``benchmarks/plan_accuracy.py`` to the public V0 start-ups of
   vLLM issue 10517 (RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and
   2.99 GiB above the weights; the two agree within 0.4 %).
-* **non-torch memory** — allocations outside PyTorch after the snapshot: 0.35 GiB on one
-  GPU (issue 10517's figure; no public V1 breakdown is in the fixtures, so the era
-  split of earlier versions of this model is gone), the same per PP stage, and 1.79 GiB
-  more per GPU with TP > 1 (custom all-reduce and NCCL buffers: the TP2 − TP1 difference of
-  the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an H100).
+* **non-torch memory** — allocations outside PyTorch after the snapshot, by engine:
+  V0 0.35 GiB on one GPU (issue 10517, the only public row that prints it) and 2.14 GiB
+  per GPU with TP > 1 (1.79 GiB more: the TP2 − TP1 difference of the non-torch figures
+  vLLM PR 10511 printed for Llama-3-8B on an H100 under 0.6.x, whose accounting still
+  held NCCL's buffers). No public V1 (0.8+) start in the fixtures prints its non-torch
+  memory, so V1 keeps the structural prior ``benchmarks/plan_accuracy.py`` refits from:
+  the cuBLAS/cuBLASLt workspace (32 MiB, ``cublas_baseline``) on one GPU and per PP stage,
+  and the same 1.79 GiB of comm buffers on top per GPU with TP > 1 — unmeasured for V1,
+  where NCCL's buffers may already sit in the snapshot.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.27 GiB per
   GPU, the median of the estimates public 0.20+ logs print (0.09, 0.17 and 0.36 GiB on
   RTX 3090s and a 0.27 start, 2.43 GiB on GB10s: club-3090 issues 434 and 127, gpustack
@@ -58,11 +64,11 @@ class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
     forward_bytes: float = 3.87  # per (batched token × intermediate width / TP × dtype byte)
-    sampler_fixed_bytes: float = 16.5  # per (dummy request × vocabulary entry); see above
+    sampler_fixed_bytes: float = 15.95  # per (dummy request × vocabulary entry); see above
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    sampler_early_extra_bytes: float = 12.0  # before 0.17: sorted fp32 values + int64 indices
-    non_torch_pp_stage: int = int(0.35 * GIB)
-    non_torch_tp: int = int((0.35 + 1.79) * GIB)
+    # 0.11.1-0.16: the sorting top-k/top-p path instead; the code count (no row measures it)
+    sampler_sort_bytes: float = 24.0
+    non_torch_pp_stage: int = 32 << 20  # V1's prior, cuBLAS: no row measures it (see above)
     cuda_graph: int = int(0.27 * GIB)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
@@ -77,8 +83,13 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
+        ((0, 8, 0), 32 << 20),  # V1's prior, cuBLAS: no row measures it (see above)
         ((0, 0, 0), int(0.35 * GIB)),
     )  # (first release, bytes), newest first
+    non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
+        ((0, 8, 0), (32 << 20) + int(1.79 * GIB)),  # V1's prior: no row measures it
+        ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
+    )  # per GPU with TP > 1, (first release, bytes), newest first
 
 
 DEFAULT_OVERHEAD = OverheadModel()
@@ -112,9 +123,8 @@ def activation_peaks(
     forward = model.forward_bytes * (
         a.max_num_batched_tokens * (a.intermediate_size / a.tp) * a.dtype_bytes
     )
-    per_entry = model.sampler_fixed_bytes + model.sampler_dtype_bytes * a.dtype_bytes
-    if release.version < (0, 17, 0):
-        per_entry += model.sampler_early_extra_bytes
+    fixed = model.sampler_sort_bytes if release.sorting_sampler else model.sampler_fixed_bytes
+    per_entry = fixed + model.sampler_dtype_bytes * a.dtype_bytes
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
@@ -135,14 +145,18 @@ def non_torch_bytes(
 ) -> int:
     """Modelled non-torch growth after the start-up snapshot, per GPU."""
     if tp > 1:
-        grown = model.non_torch_tp
+        grown = _by_era(model.non_torch_tp_by_era, release)
     elif pp > 1:
         grown = model.non_torch_pp_stage
     else:
-        grown = next(b for since, b in model.non_torch_single_by_era if release.version >= since)
+        grown = _by_era(model.non_torch_single_by_era, release)
     if release.cublas_in_baseline:
         grown = max(0, grown - model.cublas_baseline)
     return grown
+
+
+def _by_era(table: tuple[tuple[tuple[int, int, int], int], ...], release: Release) -> int:
+    return next(b for since, b in table if release.version >= since)
 
 
 def cuda_graph_bytes(

@@ -136,6 +136,23 @@ class Release:
         return 64 if self.version >= (0, 33, 0) else None
 
     @property
+    def sorting_sampler(self) -> bool:
+        """The profile run's top-k/top-p goes through the sorting path (0.11.1-0.16).
+
+        Read from vLLM's code, not fitted (no fixture row in the window prints what the
+        peak is made of): on CUDA, V1's ``TopKTopPSampler`` samples sort-free through
+        FlashInfer when it is present (vLLM PR 11394) until vLLM PR 26859 (merged
+        2025-10-15, after 0.11.0 was tagged) turned that default off, which leaves
+        ``forward_native``: ``apply_top_k_top_p_pytorch`` runs ``logits.sort`` over the
+        whole vocabulary (fp32 values, int64 indices) for the profile's dummy top-k/top-p
+        batch. vLLM PR 33538 (2026) replaced that sort with a Triton top-k/top-p kernel;
+        0.17 as the first release without it is the shared reference's version sweep,
+        where the sampler's peak drops again. 0.11.0 and before count as sort-free: the
+        0.10.1.1 A100 starts leave room for nothing larger (dennislee22/vLLM-benchmarking).
+        """
+        return (0, 11, 1) <= self.version < (0, 17, 0)
+
+    @property
     def sampler_warmup_pass(self) -> bool:
         # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.
         return self.version >= (0, 33, 0)

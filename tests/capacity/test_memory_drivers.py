@@ -96,3 +96,26 @@ def test_weight_estimate_matches_a_published_checkpoint() -> None:
     estimate = estimate_weights_bytes(arch, arch.dtype, None)
     assert estimate is not None
     assert abs(estimate - 18_483_411_968) < 0.001 * 18_483_411_968
+
+
+def test_the_sampler_sorts_only_from_0_11_1_to_0_16() -> None:
+    # vLLM PR 26859 turned FlashInfer's sort-free sampler off by default after 0.11.0,
+    # leaving the PyTorch path that sorts the logits; 0.17 no longer sorts them.
+    inputs = ActivationInputs(
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        intermediate_size=0,
+        hidden_size=4096,
+        vocab_size=151_936,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    model = OverheadModel()
+    sampler = {
+        v: activation_peaks(inputs, release(v), model)[0]
+        for v in ("0.11.0", "0.11.1", "0.16.0", "0.17.0")
+    }
+    entries = 1024 * 151_936
+    assert sampler["0.11.1"] == sampler["0.16.0"] == int((model.sampler_sort_bytes + 2) * entries)
+    assert sampler["0.11.0"] == sampler["0.17.0"] == int((model.sampler_fixed_bytes + 2) * entries)
