@@ -62,9 +62,12 @@ no request holds as free (they are evicted on demand), and so does its usage gau
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from statistics import NormalDist
 
 from exporter.capacity.histogram import Histogram
@@ -102,7 +105,7 @@ class Point:
 
 @dataclass(frozen=True)
 class Inputs:
-    points: Sequence[Point]  # oldest first
+    points: Sequence[Point]  # oldest first (times never decrease: windows are found by bisection)
     capacity_tokens: float  # usable blocks × block size
     block_size: int
     max_num_seqs: int | None
@@ -130,27 +133,44 @@ class Risk:
 
 IDLE = Risk(0.0, 0.0, 0.0, 0.0, 0.0, math.inf, 0.0)
 
+Moments = tuple[float, float, float]  # E[X], E[X²], E[X³] of a length distribution
 
-def _moments(h: Histogram | None) -> tuple[float, float, float] | None:
+
+@functools.lru_cache(maxsize=64)
+def _midpoints(bounds: tuple[float, ...]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Where ``_moments`` puts each bucket's observations, and their cubes. A release's
+    histograms have a handful of bucket layouts that never change: worked out once."""
+    xs: list[float] = []
+    lower = 0.0
+    for bound in (*bounds, math.inf):
+        xs.append(lower if math.isinf(bound) else (lower + bound) / 2)
+        if not math.isinf(bound):
+            lower = bound
+    return tuple(xs), tuple(x**3 for x in xs)
+
+
+def _moments(h: Histogram | None) -> Moments | None:
     """E[X], E[X²], E[X³] with each bucket's observations at its midpoint (the +Inf
     bucket at its lower bound)."""
     if h is None or h.count <= 0:
         return None
-    m1 = m2 = m3 = 0.0
-    lower, prev = 0.0, 0.0
-    for bound, cum in zip((*h.bounds, math.inf), h.counts, strict=True):
+    xs, cubes = _midpoints(h.bounds)
+    m1 = m2 = m3 = prev = 0.0
+    for x, cube, cum in zip(xs, cubes, h.counts, strict=True):
         n = cum - prev
         prev = cum
-        x = lower if math.isinf(bound) else (lower + bound) / 2
-        m1, m2, m3 = m1 + n * x, m2 + n * x * x, m3 + n * x**3
-        if not math.isinf(bound):
-            lower = bound
+        m1 += n * x
+        m2 += n * x * x
+        m3 += n * cube
     return m1 / h.count, m2 / h.count, m3 / h.count
 
 
 def dispersion(prompt: Histogram | None, generation: Histogram | None) -> float | None:
     """Variance over mean of the occupancy, in tokens (see the module docstring)."""
-    p, g = _moments(prompt), _moments(generation)
+    return _dispersion(_moments(prompt), _moments(generation))
+
+
+def _dispersion(p: Moments | None, g: Moments | None) -> float | None:
     if p is None or g is None:
         return None
     p1, p2, _ = p
@@ -163,26 +183,49 @@ def dispersion(prompt: Histogram | None, generation: Histogram | None) -> float 
 
 def residual_generation(generation: Histogram | None) -> float | None:
     """Mean remaining generation of a sequence caught mid-run: E[G²] / 2E[G]."""
-    g = _moments(generation)
+    return _residual_generation(_moments(generation))
+
+
+def _residual_generation(g: Moments | None) -> float | None:
     if g is None or g[0] <= 0:
         return None
     return g[1] / (2 * g[0])
 
 
-def _slope(ts: Sequence[float], ys: Sequence[float]) -> float:
+def _fit(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float, list[float]]:
+    """The least-squares slope of ``ys`` over ``ts``, the mean of ``ys``, and ``ts`` less
+    their mean (for residuals). Two passes around the means, not running sums of t² and t·y:
+    with Unix times (~1.8e9 s) those cancel catastrophically, and a flat history must
+    give a slope of exactly 0, not 1e-12 (a finite time to exhaustion)."""
     n = len(ts)
     mt, my = sum(ts) / n, sum(ys) / n
-    var = sum((t - mt) ** 2 for t in ts)
+    # Lists, not generators, inside sum(): the same values added in the same order,
+    # without a generator frame resumed per point.
+    dt = [t - mt for t in ts]
+    var = sum([d**2 for d in dt])
     if var <= 0:
-        return 0.0
-    return sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var
+        return 0.0, my, dt
+    return sum([d * (y - my) for d, y in zip(dt, ys, strict=True)]) / var, my, dt
+
+
+_TIME = attrgetter("t")
+
+
+def _since(pts: Sequence[Point], t: float) -> int:
+    """The index of the first point at or after ``t`` (points are oldest first)."""
+    return bisect_left(pts, t, key=_TIME)
 
 
 def capped_touch(inputs: Inputs, draws: float) -> float | None:
     """P(touching the top) when ``max_num_seqs`` sequences at their final length are the
     most the cache can hold: their sum is about normal with ``M·E[P+G]`` and
     ``M·Var(P+G)`` (means exact from the histograms' sums, variances from buckets)."""
-    p, g = _moments(inputs.prompt), _moments(inputs.generation)
+    return _capped_touch(inputs, _moments(inputs.prompt), _moments(inputs.generation), draws)
+
+
+def _capped_touch(
+    inputs: Inputs, p: Moments | None, g: Moments | None, draws: float
+) -> float | None:
     if not inputs.max_num_seqs or p is None or g is None:
         return None
     assert inputs.prompt is not None
@@ -197,9 +240,9 @@ def capped_touch(inputs: Inputs, draws: float) -> float | None:
     return float(1.0 - (1.0 - once) ** draws)
 
 
-def _token_steps(prompt: Histogram | None, generation: Histogram | None) -> float | None:
-    """Token-steps a request holds over its decode: ``G·P + G²/2`` in expectation."""
-    p, g = _moments(prompt), _moments(generation)
+def _token_steps(p: Moments | None, g: Moments | None) -> float | None:
+    """Token-steps a request holds over its decode: ``G·P + G²/2`` in expectation (from
+    the prompt and generation lengths' moments)."""
     if p is None or g is None:
         return None
     return g[0] * p[0] + g[1] / 2
@@ -217,8 +260,12 @@ def implied_level(inputs: Inputs, level: float) -> float | None:
     came out several times too long and the level stayed above 100 % minutes after the
     burst had drained.)
     """
-    recent = _token_steps(inputs.recent_prompt, inputs.recent_generation)
-    window = _token_steps(inputs.prompt, inputs.generation)
+    recent = _token_steps(_moments(inputs.recent_prompt), _moments(inputs.recent_generation))
+    window = _token_steps(_moments(inputs.prompt), _moments(inputs.generation))
+    return _implied_level(level, recent, window)
+
+
+def _implied_level(level: float, recent: float | None, window: float | None) -> float | None:
     if recent is None or window is None or window <= 0:
         return None
     return level * recent / window
@@ -230,11 +277,7 @@ def load_ratio(pts: Sequence[Point], recent: float, window: float) -> float:
     occupancy there (1 when nothing finished: no rate to go by). Arrivals are the growth
     of finished + running + waiting, which preemption does not move."""
     last = pts[-1]
-
-    def first(seconds: float) -> Point:
-        return next(p for p in pts if p.t >= last.t - seconds)
-
-    a, f = first(recent), first(window)
+    a, f = pts[_since(pts, last.t - recent)], pts[_since(pts, last.t - window)]
     if last.t - a.t <= 0 or last.t - f.t <= 0 or last.finished <= f.finished:
         return 1.0
     arrived = last.finished + last.running + last.waiting - (a.finished + a.running + a.waiting)
@@ -260,7 +303,7 @@ def queued_tokens(
     ``prompt`` is a typical prompt, ``per_request`` what a resident request holds on
     average over its life."""
     last = pts[-1]
-    recent = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
+    recent = [p.waiting for p in pts[_since(pts, last.t - QUEUE_SECONDS) :]]
     # Smoothed, but never more than waits now: a queue that has drained adds nothing.
     waiting = min(sum(recent) / len(recent), last.waiting)
     if waiting <= 0 or per_request <= 0:
@@ -268,12 +311,12 @@ def queued_tokens(
     target = last.running + waiting
     if max_num_seqs:
         target = min(target, float(max_num_seqs))
-    window = [p for p in pts if p.t >= last.t - TTE_SECONDS]
+    window = pts[_since(pts, last.t - TTE_SECONDS) :]
     first = window[0]
     finished = last.finished - first.finished
     if finished > 0 and first.prompt is not None and last.prompt is not None:
         admitted = (last.prompt - first.prompt) / prompt if prompt > 0 else 0.0
-        running = sum(p.running for p in window) / len(window)
+        running = sum([p.running for p in window]) / len(window)
         target = min(target, running * max(admitted, 0.0) / finished)
     elif bottleneck in ("compute", "max_num_seqs"):
         # No rate yet, but the queue waits for the token budget or a batch slot, not for
@@ -299,13 +342,16 @@ def assess(inputs: Inputs) -> Risk:
     # Priors for a server the model has not watched finish anything yet: a request the
     # size of what a running sequence holds now.
     held = used[-1] / last.running if last.running >= 1 else 0.0
+    # Each histogram's moments, once: several terms below read them.
+    prompt_m, generation_m = _moments(inputs.prompt), _moments(inputs.generation)
 
     def window(seconds: float) -> tuple[list[float], list[float]]:
-        keep = [i for i, t in enumerate(ts) if t >= last.t - seconds]
-        return [ts[i] for i in keep], [used[i] for i in keep]
+        """The last ``seconds`` of times and occupancies (a bisection: times are ordered)."""
+        i = bisect_left(ts, last.t - seconds)
+        return ts[i:], used[i:]
 
     t_short, u_short = window(TTE_SECONDS)
-    growth = _slope(t_short, u_short) if len(t_short) > 2 else 0.0
+    growth = _fit(t_short, u_short)[0] if len(t_short) > 2 else 0.0
     tte = free / growth if growth > 0 else math.inf
 
     _, u_level = window(LEVEL_SECONDS)
@@ -320,14 +366,20 @@ def assess(inputs: Inputs) -> Risk:
     # and the swings are measured there, so that a step up (traffic that started, one
     # long request that grew) is neither a trend nor noise once it is behind.
     t_late, u_late = window((last.t - t_trend[0]) / 2)
-    late = _slope(t_late, u_late) if len(t_late) > 2 else 0.0
+    late, mu, dt_late = _fit(t_late, u_late)
+    if len(t_late) <= 2:
+        late = 0.0
     trend = 0.0
     if history >= TREND_MIN_SECONDS:
         # A rise is carried ahead only as far as requests still arrive to carry it: one
         # made by a burst that has stopped arriving is not a ramp.
-        trend = min(_slope(t_trend, u_trend), late) * slowing
+        trend = min(_fit(t_trend, u_trend)[0], late) * slowing
     forecast = level + max(0.0, trend) * HORIZON
-    implied = implied_level(inputs, level)
+    implied = _implied_level(
+        level,
+        _token_steps(_moments(inputs.recent_prompt), _moments(inputs.recent_generation)),
+        _token_steps(prompt_m, generation_m),
+    )
     if implied is not None:
         # The level today's traffic mix settles at (Little's law) — ahead of the
         # occupancy when the mix just changed.
@@ -339,13 +391,14 @@ def assess(inputs: Inputs) -> Risk:
     )
 
     # Little's law: mean duration = mean running / finish rate.
-    finished = pts[-1].finished - next(p.finished for p in pts if p.t >= t_trend[0])
+    trend_start = len(pts) - len(t_trend)  # the trend window's first point
+    finished = pts[-1].finished - pts[trend_start].finished
     span = last.t - t_trend[0]
-    running_mean = sum(p.running for p in pts if p.t >= t_trend[0]) / len(t_trend)
+    running_mean = sum([p.running for p in pts[trend_start:]]) / len(t_trend)
     duration = running_mean * span / finished if finished > 0 else HORIZON
     draws = max(1.0, HORIZON / max(duration, 1.0))
 
-    ratio = dispersion(inputs.prompt, inputs.generation)
+    ratio = _dispersion(prompt_m, generation_m)
     if ratio is None and held > 0:
         # No finished request to measure: sizes as varied as exponential ones around
         # what a running sequence holds (variance over mean = 2 × the mean).
@@ -356,10 +409,9 @@ def assess(inputs: Inputs) -> Risk:
     # Near saturation steps slow down as the KV read grows and the occupancy swings wider
     # than independent arrivals explain: take the observed spread around the trend when
     # it is the larger.
-    mt = sum(t_late) / len(t_late)
-    mu = sum(u_late) / len(u_late)
-    residuals = [u - (mu + late * (t - mt)) for t, u in zip(t_late, u_late, strict=True)]
-    observed = math.sqrt(sum(r * r for r in residuals) / len(residuals))
+    # (Around the late window's means, which its fit above computed.)
+    residuals = [u - (mu + late * d) for d, u in zip(dt_late, u_late, strict=True)]
+    observed = math.sqrt(sum([r * r for r in residuals]) / len(residuals))
     # Swings made by a load that is leaving shrink with it: the occupancy's variance goes
     # with the arrival rate (λ·E[∫size²] for random arrivals).
     observed *= math.sqrt(slowing)
@@ -372,12 +424,12 @@ def assess(inputs: Inputs) -> Risk:
     else:
         touch = 1.0 if forecast >= capacity else 0.0
 
-    capped = capped_touch(inputs, draws)
+    capped = _capped_touch(inputs, prompt_m, generation_m, draws)
     if capped is not None:
         # Admission control caps the occupancy: a cap inside the cache makes it safe.
         touch = min(touch, capped)
 
-    remaining = residual_generation(inputs.generation)
+    remaining = _residual_generation(generation_m)
     if remaining is None and last.running >= 1 and last.finished <= pts[0].finished:
         # Nothing finished yet: the age prior — as much again as generated so far.
         remaining = max(0.0, last.generated - pts[0].generated) / last.running
