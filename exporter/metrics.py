@@ -123,8 +123,9 @@ class _Families:
             return
         values = tuple(labels)
         # The last line of defence for values from outside (GPU names, versions, flags):
-        # no label value leaves the sidecar longer than the parser keeps its own.
-        if any(len(v) > MAX_LABEL_VALUE_LENGTH for v in values):
+        # no label value leaves the sidecar longer than the parser keeps its own. (The
+        # longest, found by map in C: ~500 samples a poll at 8 engines.)
+        if values and max(map(len, values)) > MAX_LABEL_VALUE_LENGTH:
             self.cut += sum(len(v) > MAX_LABEL_VALUE_LENGTH for v in values)
             values = tuple(cut_label(v) for v in values)
         self._samples.setdefault(name, []).append((values, float(value)))
@@ -150,7 +151,7 @@ class _Families:
         names are fixed above; label values are escaped here)."""
         out: list[str] = []
         for spec, samples in self._ordered():
-            out.append(_header(spec))
+            out.append(_HEADERS[spec.name])
             for labels, value in samples:
                 prefix = _PREFIX_CACHE.get((spec.name, labels))
                 if prefix is None:
@@ -172,6 +173,10 @@ def _header(spec: Spec) -> str:
     name = _sample_name(spec)
     help_text = spec.help.replace("\\", "\\\\").replace("\n", "\\n")
     return f"# HELP {name} {help_text}\n# TYPE {name} {spec.kind}\n"
+
+
+# Fixed text: rendered once, not on every poll and scrape.
+_HEADERS = {spec.name: _header(spec) for spec in METRICS}
 
 
 def _sample_prefix(spec: Spec, labels: tuple[str, ...]) -> str:

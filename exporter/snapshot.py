@@ -224,7 +224,11 @@ def engine_view(
         capacity = occupancy.usable_blocks * occupancy.block_size
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt
-        current = [p for p in points if p.epoch == points[-1].epoch] if points else []
+        # This epoch's points: all of them unless vLLM restarted in the window (epochs only
+        # grow, so equal ends mean one epoch; a scan per engine per poll otherwise).
+        current = points
+        if points and points[0].epoch != points[-1].epoch:
+            current = [p for p in points if p.epoch == points[-1].epoch]
         bottleneck = classify(
             current,
             capacity,
