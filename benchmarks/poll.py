@@ -4,7 +4,9 @@
    ``prometheus_client.parser.text_string_to_metric_families`` (target ≥ 10× faster).
 2. The poll-to-snapshot cycle: HTTP fetch from a local vLLM stand-in, parse, fold into
    the history, snapshot, render (target ≤ 1 ms per engine), against the same cycle
-   without issue 17's caches (``reference()``), alternating poll by poll in one run.
+   with main's code before issue 17's second pass (``reference()``: the risk model,
+   engine view and renderer of ``benchmarks/poll_reference.py``), alternating poll by
+   poll in one run.
 3. ``/metrics`` latency p99 with 50 concurrent scrapers against a real ``kv-headroom
    serve`` process (target ≤ 10 ms).
 4. Resident memory of the polling process after 10,000 polls (target ≤ 60 MB, flat after
@@ -24,7 +26,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +36,11 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import snapshot
+from benchmarks import poll_reference
+from exporter import metrics, snapshot
 from exporter.config import Config
 from exporter.log import configure
-from exporter.observe import Observation
 from exporter.poller import Poller, PollerDeps
-from exporter.risk.model import Point
 from exporter.sources import vllm_page
 from exporter.sources.vllm import VllmClient
 from exporter.sources.vllm_page import parse_page
@@ -129,39 +130,22 @@ def _poller(url: str, session: aiohttp.ClientSession) -> tuple[Poller, list[floa
     return Poller(config, client, deps), clock
 
 
-def _points_before_issue_17(recent: Sequence[Observation], engine: str) -> list[Point]:
-    """``snapshot._points`` as it was: a Point per observation per engine, every poll."""
-    out = []
-    for obs in recent:
-        raw = obs.page.engine(engine) if obs.page is not None else None
-        totals = obs.totals.get(engine)
-        if raw is None or totals is None or raw.kv_usage is None:
-            continue
-        out.append(
-            Point(
-                obs.time,
-                raw.kv_usage,
-                raw.running or 0.0,
-                raw.waiting or 0.0,
-                totals.requests_finished,
-                totals.generation_tokens,
-                obs.epoch,
-                totals.prompt_tokens,
-                totals.preemptions,
-            )
-        )
-    return out
-
-
 @contextlib.contextmanager
 def reference() -> Iterator[None]:
-    """The poll as it was before issue 17's caches, in this process: the baseline."""
-    cached = snapshot._points
-    snapshot._points = _points_before_issue_17
+    """The poll as main had it before issue 17's second pass (fe96751), in this process:
+    the baseline. Module attributes are swapped, so the poller runs the old functions."""
+    swaps = (
+        (snapshot, "engine_view", poll_reference.engine_view),  # calls the old assess
+        (metrics, "_Families", poll_reference._Families),
+    )
+    kept = [(module, name, getattr(module, name)) for module, name, _ in swaps]
+    for module, name, old in swaps:
+        setattr(module, name, old)
     try:
         yield
     finally:
-        snapshot._points = cached
+        for module, name, today in kept:
+            setattr(module, name, today)
 
 
 async def bench_cycle(polls: int) -> dict[str, Any]:
@@ -169,9 +153,7 @@ async def bench_cycle(polls: int) -> dict[str, Any]:
     stand-in runs in a child process, as vLLM does in production.
 
     Polls alternate between today's code and ``reference()`` on one poller, so both see
-    the same history and the same load from whatever else runs on the machine. (Today's
-    code also builds the cached points of the observation a reference poll folded in: a
-    few microseconds charged to it, not to the baseline.)
+    the same history and the same load from whatever else runs on the machine.
     """
     out = {}
     for n in (1, 8):
@@ -372,7 +354,7 @@ def main() -> int:
         print(
             f"  {label:<10} median {r['median_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
             f"  = {r['median_ms_per_engine']:.2f} ms per engine;"
-            f" before the caches {r['before_median_ms_per_engine']:.2f} ms: {r['speedup']:.2f}×"
+            f" main before {r['before_median_ms_per_engine']:.2f} ms: {r['speedup']:.2f}×"
         )
     s = result["scrapes"]
     load = f"{s['load']}, {s['requests_per_second']:,.0f} req/s"

@@ -9,9 +9,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.capacity.histogram import Histogram
+from exporter.capacity.kvcache import Layout
+from exporter.capacity.live import (
+    Occupancy,
+    blocks_per_sequence,
+    ceilings,
+    context_stats,
+    context_tokens,
+    ratio,
+)
+from exporter.capacity.plan import Plan
+from exporter.deployment import Resolved
+from exporter.metrics import (
+    _PREFIX_CACHE,
+    METRICS,
+    Spec,
+    _sample_name,
+    _sample_prefix,
+    floatToGoString,
+)
+from exporter.observe import Observation, Totals
+from exporter.risk.bottleneck import classify
+from exporter.risk.headroom import load_headroom
 from exporter.risk.model import (
     _NORMAL,
     HORIZON,
@@ -26,6 +50,20 @@ from exporter.risk.model import (
     Inputs,
     Point,
     Risk,
+)
+from exporter.snapshot import (
+    EngineView,
+    _points,
+    _recent_histogram,
+    _window_histogram,
+    _window_ratio,
+    observed_capacity_tokens,
+)
+from exporter.sources.vllm_page import (
+    MAX_LABEL_VALUE_LENGTH,
+    CacheConfig,
+    EngineMetrics,
+    cut_label,
 )
 
 # The risk model (exporter/risk/model.py at fe96751, from _moments on).
@@ -289,3 +327,191 @@ def assess(inputs: Inputs) -> Risk:
         batch = 1.0
     risk = max(touch, batch * min(1.0, last.usage / 0.8))
     return Risk(forecast, spread, free, committed, overcommit, tte, risk, history)
+
+
+# The snapshot's engine view (exporter/snapshot.py at fe96751).
+
+
+def engine_view(
+    raw: EngineMetrics,
+    *,
+    stale: bool,
+    now_totals: Totals | None,
+    then_totals: Totals | None,
+    deployment: Resolved,
+    plan: Plan | None,
+    max_model_len: int | None,
+    recent: Sequence[Observation] = (),
+) -> EngineView:
+    cc = raw.cache_config or CacheConfig()
+    num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
+    layout: Layout | None = None
+    if plan is not None and block_size is not None and plan.block_size == block_size:
+        layout = plan.layout
+    occupancy = None
+    capacity_tokens = budget = None
+    # A block size of 0 would divide by zero below; the source marks such a page incomplete,
+    # and this keeps a history that still holds one from failing every later poll.
+    if num_blocks is not None and block_size is not None and num_blocks > 0 and block_size > 0:
+        occupancy = Occupancy(num_blocks, block_size, raw.kv_usage or 0.0, raw.running or 0.0)
+        capacity_tokens = observed_capacity_tokens(cc, num_blocks, block_size, plan)
+        # vLLM's own KV memory figure when it reports one (given memory, CPU backend);
+        # else what its blocks occupy.
+        given = cc.kv_cache_memory_bytes
+        if given is not None and given >= 0:
+            budget = given
+        elif layout is not None and plan is not None:
+            budget = num_blocks * layout.stage_bytes_per_block(plan.cap.tightest_stage)
+
+    prompt = _window_histogram(now_totals, then_totals, raw, "prompt_len")
+    generation = _window_histogram(now_totals, then_totals, raw, "generation_len")
+    stats = context_stats(prompt, generation)
+    contexts = context_tokens(stats, max_model_len)
+    # Sequences per request: the mean of the n parameter (parallel sampling) in the window.
+    n_hist = _window_histogram(now_totals, then_totals, raw, "n_param")
+    per_request = n_hist.sum / n_hist.count if n_hist is not None and n_hist.count > 0 else 1.0
+    seqs_per_request = max(1.0, per_request)
+
+    total_fit: dict[str, int] = {}
+    free_fit: dict[str, int] = {}
+    if occupancy is not None:
+        total_fit, free_fit = ceilings(occupancy, layout, contexts)
+    users = {label: n / seqs_per_request for label, n in total_fit.items()}
+    max_num_seqs = deployment.int_("max_num_seqs") or (plan.max_num_seqs if plan else None)
+    at_p95 = total_fit.get("p95")
+    overcommit = ratio(max_num_seqs, at_p95) if max_num_seqs and at_p95 is not None else None
+
+    hit_ratio = _window_ratio(now_totals, then_totals, raw, "prefix_hits", "prefix_queries")
+    extra = None
+    if hit_ratio is not None and stats is not None and occupancy is not None and at_p95:
+        shared = hit_ratio * stats.prompt_quantiles["p95"]
+        per = blocks_per_sequence(layout, occupancy.block_size, stats.quantiles["p95"] - shared)
+        extra = occupancy.usable_blocks // per - at_p95
+
+    risk = None
+    bottleneck = None
+    headroom = None
+    if not stale and occupancy is not None and recent:
+        points = _points(recent, raw.engine)
+        capacity = occupancy.usable_blocks * occupancy.block_size
+        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
+        typical = recent_prompt or prompt
+        current = [p for p in points if p.epoch == points[-1].epoch] if points else []
+        bottleneck = classify(
+            current,
+            capacity,
+            max_num_seqs,
+            typical.sum / typical.count if typical is not None and typical.count else None,
+        )
+        inputs = Inputs(
+            points=points,
+            capacity_tokens=capacity,
+            block_size=occupancy.block_size,
+            max_num_seqs=max_num_seqs,
+            prompt=prompt,
+            generation=generation,
+            sequences_per_request=seqs_per_request,
+            recent_prompt=recent_prompt,
+            recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
+            bottleneck=bottleneck.resource,
+        )
+        risk = assess(inputs)
+        headroom = load_headroom(
+            risk,
+            inputs,
+            kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
+            weights_bytes=plan.tightest.weights if plan is not None else None,
+        )
+
+    return EngineView(
+        engine=raw.engine,
+        model_name=raw.model_name,
+        running=None if stale else raw.running,
+        waiting=None if stale else raw.waiting,
+        waiting_for_capacity=None if stale else raw.waiting_for_capacity,
+        kv_usage=None if stale else raw.kv_usage,
+        preemptions_total=now_totals.preemptions if now_totals else 0.0,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        capacity_tokens=capacity_tokens,
+        budget_bytes=budget,
+        occupancy=None if stale else occupancy,
+        context=stats,
+        contexts=contexts,
+        max_sequences=total_fit,
+        free_sequences={} if stale else free_fit,
+        sequences_per_request=seqs_per_request,
+        max_users=users,
+        config_overcommit_ratio=overcommit,
+        recommended_max_num_seqs=max(1, at_p95) if at_p95 is not None else None,
+        prefix_cache_hit_ratio=hit_ratio,
+        prefix_cache_extra_sequences=extra,
+        stale=stale,
+        risk=risk,
+        bottleneck=bottleneck.resource if bottleneck is not None else None,
+        bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
+        load_headroom_ratio=headroom.ratio if headroom is not None else None,
+        load_headroom_resource=headroom.resource if headroom is not None else None,
+        budget_drift_ratio=(
+            num_blocks / plan.cap.num_blocks
+            if plan is not None and num_blocks is not None and plan.cap.num_blocks
+            else None
+        ),
+    )
+
+
+# Rendering (exporter/metrics.py at fe96751).
+
+
+class _Families:
+    """Samples by metric, in METRICS order; a metric with no sample is left out entirely."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+        self.cut = 0  # label values shortened to MAX_LABEL_VALUE_LENGTH
+
+    def add(self, name: str, labels: Iterable[str], value: float | None) -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        values = tuple(labels)
+        # The last line of defence for values from outside (GPU names, versions, flags):
+        # no label value leaves the sidecar longer than the parser keeps its own.
+        if any(len(v) > MAX_LABEL_VALUE_LENGTH for v in values):
+            self.cut += sum(len(v) > MAX_LABEL_VALUE_LENGTH for v in values)
+            values = tuple(cut_label(v) for v in values)
+        self._samples.setdefault(name, []).append((values, float(value)))
+
+    def families(self) -> Iterator[Metric]:
+        """As prometheus_client metric families (for tests that compare renderings)."""
+        for spec, samples in self._ordered():
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = cls(spec.full, spec.help, labels=spec.labels)
+            for labels, value in samples:
+                family.add_metric(list(labels), value)
+            yield family
+
+    def _ordered(self) -> Iterator[tuple[Spec, list[tuple[tuple[str, ...], float]]]]:
+        for spec in METRICS:
+            samples = self._samples.get(spec.name)
+            if samples:
+                yield spec, samples
+
+    def text(self) -> str:
+        """The text exposition, byte for byte what prometheus_client's generate_latest
+        writes for these families, without its per-sample validation (our names and label
+        names are fixed above; label values are escaped here)."""
+        out: list[str] = []
+        for spec, samples in self._ordered():
+            out.append(_header(spec))
+            for labels, value in samples:
+                prefix = _PREFIX_CACHE.get((spec.name, labels))
+                if prefix is None:
+                    prefix = _sample_prefix(spec, labels)
+                out.append(f"{prefix} {floatToGoString(value)}\n")
+        return "".join(out)
+
+
+def _header(spec: Spec) -> str:
+    name = _sample_name(spec)
+    help_text = spec.help.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {spec.kind}\n"
