@@ -426,6 +426,7 @@ def run_traffic(
                 label=w.label,
                 guess=base.limit.held,
                 say=say,
+                report_at_one=False,
                 **common,
             )
     wall = time.perf_counter() - started
@@ -460,6 +461,7 @@ def _limit_json(h: Headroom) -> dict[str, Any]:
 
 
 def traffic_json(t: TrafficReport) -> dict[str, Any]:
+    assert t.base.at_one is not None  # the planned deployment's replay is always reported
     return {
         "source": t.source,
         "requests": len(t.traffic.base),
@@ -536,7 +538,11 @@ def plan_json(
         "what_if": [
             {
                 "change": w.label,
-                **(_summary(w.plan) if w.plan else {"not_possible": w.reason}),
+                **(
+                    {**_summary(w.plan), "starts": w.plan.startup_failure is None}
+                    if w.plan
+                    else {"not_possible": w.reason}
+                ),
                 **(
                     {"traffic": _limit_json(traffic.alternatives[w.label])}
                     if traffic is not None and w.label in traffic.alternatives
@@ -566,6 +572,7 @@ def _multiple(h: Headroom | None) -> str:
 
 def traffic_lines(t: TrafficReport) -> list[str]:
     o, lim = t.base.at_one, t.base.limit
+    assert o is not None  # the planned deployment's replay is always reported
     waits = o.queue_wait_seconds
     lines = [
         "",
@@ -680,10 +687,12 @@ def render_table(
             seqs = {c.label: n for c, n in q.sequences}[first.label]
             base = p.cap.num_blocks or 1
             change = (q.cap.num_blocks - p.cap.num_blocks) / base * 100
-            pct = f"({change:+.0f}%)"
+            # Against a deployment with no blocks, a percentage says nothing.
+            pct = f"({change:+.0f}%)" if p.cap.num_blocks else ""
             lines.append(
                 f"  {w.label:<38} {q.cap.num_blocks:>10,} blocks {pct:>7}  "
                 f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>7,} seqs @ {first.label}"
+                + ("  would not start" if q.startup_failure else "")
                 + _multiple(traffic.alternatives.get(w.label) if traffic else None)
             )
     return "\n".join(lines)

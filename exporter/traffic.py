@@ -450,10 +450,11 @@ def load_traffic(
 
 @dataclass(frozen=True)
 class Headroom:
-    """One deployment on the traffic: the replay at 1× and the largest multiple held."""
+    """One deployment on the traffic: the replay at 1× (None when not asked for) and the
+    largest multiple held."""
 
     label: str
-    at_one: Outcome
+    at_one: Outcome | None
     limit: Limit
 
 
@@ -467,9 +468,13 @@ def assess_traffic(
     guess: float | None = None,
     say: Callable[[str], None] | None = None,
     jobs: int = 1,
+    report_at_one: bool = True,
 ) -> Headroom:
     """The replay at 1× (run to the end, for its figures) and the search around it;
-    ``guess`` (another deployment's answer) starts the search near the answer."""
+    ``guess`` (another deployment's answer) starts the search near the answer. Without
+    ``report_at_one`` (a what-if, whose table row shows only the multiple) 1× is not
+    replayed unless the search comes by it: on a day of traffic that holds at 1×, that
+    replay would cost as much as a probe."""
 
     def run(m: float, *, stop_after: float | None = 0.0) -> Outcome:
         def progress(done: float) -> None:
@@ -489,10 +494,10 @@ def assess_traffic(
             say(f"  {label} ×{m:.3g}: {verdict} · {outcome.wall_seconds:.1f} s")
         return outcome
 
-    first = run(1.0, stop_after=REPORT_AFTER_FAILING)
+    first = run(1.0, stop_after=REPORT_AFTER_FAILING) if report_at_one else None
 
     def evaluate(m: float) -> Outcome:
-        return first if m == 1.0 else run(m)
+        return first if first is not None and m == 1.0 else run(m)
 
     many: Callable[[Sequence[float]], Sequence[Outcome]] | None = None
     pool = parallel_replays(traffic, config, max_queue_wait, jobs) if jobs > 1 else None
@@ -518,7 +523,7 @@ def assess_traffic(
                 width=jobs,
                 evaluate_many=many,
             )
-            if first not in limit.probes:
+            if first is not None and first not in limit.probes:
                 limit = dataclasses.replace(limit, probes=(first, *limit.probes))
         else:
             limit = search(evaluate, precision=precision, width=jobs, evaluate_many=many)
