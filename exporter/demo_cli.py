@@ -327,14 +327,23 @@ def _seconds(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:,.0f} s"
 
 
+def load_headroom_text(v: EngineView) -> str:
+    """``2.30× (kv_cache)``: the traffic multiple held and what gives out first."""
+    ratio = v.load_headroom_ratio
+    if ratio is None:
+        return "–"
+    return f"{ratio:.2f}× ({v.load_headroom_resource or '–'})"
+
+
 def risk_line(v: EngineView) -> str:
-    """The headline: how likely vLLM preempts soon, and when the cache would run out."""
+    """The headline: how likely vLLM preempts soon, when the cache would run out, and how
+    many times today's traffic the engine holds (below 1: scale out)."""
     r = v.risk
     if r is None:
         return "risk       – (no opinion yet: the model needs a few polls of history)"
     return (
         f"risk       {r.preemption_risk:4.2f}   exhaustion in {_seconds(r.seconds_to_exhaustion)}"
-        f"   overcommit {r.overcommit_ratio:.2f}×"
+        f"   overcommit {r.overcommit_ratio:.2f}×   load headroom {load_headroom_text(v)}"
     )
 
 
@@ -362,10 +371,13 @@ def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
     exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
     what, why = bottleneck(v)
+    ratio = v.load_headroom_ratio
+    held = "–" if ratio is None else f"{ratio:.2f}"
     # The evidence is prose: quoted and last, so the line still splits on spaces before it.
     because = f" why={json.dumps(why, ensure_ascii=False)}" if why else ""
     return (
         f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
+        f"load_headroom={held} binds={v.load_headroom_resource or '–'} "
         f"limit={what or '–'} usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "
         f"preemptions={v.preemptions_total:.0f}{because}"

@@ -1,6 +1,7 @@
 """Headroom in units of traffic: replay a request log (or a scenario's traffic) through the
 simulated engine at a planned deployment, and find the largest multiple of that traffic
-the deployment holds. Pure apart from running the simulator (no I/O but ``load_traffic``).
+the deployment holds. Pure apart from running the simulator (no I/O but ``load_traffic``,
+and the progress lines of a parallel probe on stderr).
 
 * **Scaling** — ``Traffic.at(m)`` is the same traffic ``m`` times over, like a log's
   ``rate_scale``: each request is kept with chance ``frac(m)`` on top of ``floor(m)``
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -365,27 +367,43 @@ def search(
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(traffic: Traffic, config: EngineConfig, bound: float) -> None:
-    _WORKER.update(traffic=traffic, config=config, bound=bound)
+def _init_worker(traffic: Traffic, config: EngineConfig, bound: float, label: str | None) -> None:
+    _WORKER.update(traffic=traffic, config=config, bound=bound, label=label)
 
 
 def _replay_in_worker(multiplier: float) -> Outcome:
     traffic = _WORKER["traffic"]
     config = _WORKER["config"]
     bound = _WORKER["bound"]
+    label = _WORKER["label"]
     assert isinstance(traffic, Traffic)
     assert isinstance(config, EngineConfig)
     assert isinstance(bound, float)
-    return replay(traffic, config, multiplier, max_queue_wait=bound)
+
+    def progress(done: float) -> None:
+        # The worker shares the parent's stderr: a long probe says how far it has got,
+        # as a sequential one does, instead of going quiet for minutes.
+        print(f"  {label} ×{multiplier:.3g}: {done:.0%} of the traffic replayed", file=sys.stderr)
+
+    return replay(
+        traffic,
+        config,
+        multiplier,
+        max_queue_wait=bound,
+        progress=progress if label is not None else None,
+    )
 
 
 def parallel_replays(
-    traffic: Traffic, config: EngineConfig, bound: float, jobs: int
+    traffic: Traffic, config: EngineConfig, bound: float, jobs: int, label: str | None = None
 ) -> tuple[Callable[[Sequence[float]], Sequence[Outcome]], Callable[[], None]]:
-    """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them."""
+    """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them; with
+    a ``label``, a long replay prints its progress to stderr under it."""
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(traffic, config, bound))
+    pool = ProcessPoolExecutor(
+        jobs, initializer=_init_worker, initargs=(traffic, config, bound, label)
+    )
 
     def many(ms: Sequence[float]) -> Sequence[Outcome]:
         return list(pool.map(_replay_in_worker, ms))
@@ -500,7 +518,11 @@ def assess_traffic(
         return first if first is not None and m == 1.0 else run(m)
 
     many: Callable[[Sequence[float]], Sequence[Outcome]] | None = None
-    pool = parallel_replays(traffic, config, max_queue_wait, jobs) if jobs > 1 else None
+    pool = (
+        parallel_replays(traffic, config, max_queue_wait, jobs, label if say else None)
+        if jobs > 1
+        else None
+    )
     if pool is not None:
         pooled = pool[0]
 
