@@ -290,7 +290,7 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
         lines.append("waiting for the first poll…")
         return "\n".join(lines)
     v = snap.engines[0]
-    lines += [risk_line(v), limit_line(v)]
+    lines += [risk_line(v), load_line(v), limit_line(v)]
     expected = f" (expected {plan.cap.num_blocks:,})" if plan else ""
     lines.append(
         f"capacity   {_fmt(v.num_blocks)} blocks × {v.block_size} = "
@@ -327,23 +327,26 @@ def _seconds(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:,.0f} s"
 
 
-def load_headroom_text(v: EngineView) -> str:
-    """``2.30× (kv_cache)``: the traffic multiple held and what gives out first."""
-    ratio = v.load_headroom_ratio
-    if ratio is None:
-        return "–"
-    return f"{ratio:.2f}× ({v.load_headroom_resource or '–'})"
-
-
 def risk_line(v: EngineView) -> str:
-    """The headline: how likely vLLM preempts soon, when the cache would run out, and how
-    many times today's traffic the engine holds (below 1: scale out)."""
+    """The headline: how likely vLLM preempts soon, and when the cache would run out."""
     r = v.risk
     if r is None:
         return "risk       – (no opinion yet: the model needs a few polls of history)"
     return (
         f"risk       {r.preemption_risk:4.2f}   exhaustion in {_seconds(r.seconds_to_exhaustion)}"
-        f"   overcommit {r.overcommit_ratio:.2f}×   load headroom {load_headroom_text(v)}"
+        f"   overcommit {r.overcommit_ratio:.2f}×"
+    )
+
+
+def load_line(v: EngineView) -> str:
+    """The load headroom, under the risk: how many times today's traffic the engine holds
+    and what gives out first; the one number an autoscaler would act on."""
+    ratio = v.load_headroom_ratio
+    if ratio is None:
+        return "load       – (no traffic to scale yet)"
+    return (
+        f"load       {ratio:.2f}× today's traffic fits · "
+        f"{v.load_headroom_resource or '–'} gives out first (below 1: scale out)"
     )
 
 

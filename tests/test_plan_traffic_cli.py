@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,34 @@ def test_each_what_if_gains_the_multiple_it_holds(
     fp8 = next(w for w in doc["what_if"] if w["change"].startswith("FP8"))
     # Twice the blocks on the same traffic: at least as much traffic held.
     assert fp8["traffic"]["max_multiplier"] >= doc["traffic"]["max_multiplier"]
+
+
+def test_the_batch_cap_and_gpu_what_ifs_carry_the_multiple_held_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path, rate=2.0)
+    _, out, _ = run(
+        capsys, "--traffic", str(log), *LOG_FLAGS, "--max-num-seqs", "4", "--output", "json"
+    )
+    rows = {w["change"]: w for w in json.loads(out)["what_if"]}
+    held = {change: rows[change]["traffic"]["max_multiplier"] for change in rows}
+    # Four sequences at a time bind this traffic: half the cap holds less, twice more.
+    assert held["--max-num-seqs 2"] < held["--max-num-seqs 8"]
+    assert held["--gpu L40S"] > 0  # one memory class up: on the same traffic
+
+
+def test_every_what_if_row_of_the_table_shows_the_traffic_held(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path)
+    _, out, _ = run(capsys, "--traffic", str(log), *LOG_FLAGS)
+    rows = out.split("What if\n", 1)[1].splitlines()
+    assert [r.split("  ")[1] for r in rows if r.split()[0] in ("--max-num-seqs", "--gpu")] == [
+        "--max-num-seqs 128",
+        "--max-num-seqs 512",
+        "--gpu L40S",
+    ]
+    assert all(re.search(r"[×] ?[\d.]+ traffic", r) for r in rows if "would not start" not in r)
 
 
 def test_table_says_what_the_deployment_holds_and_progress_goes_to_stderr(
