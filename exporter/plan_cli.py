@@ -33,6 +33,8 @@ from exporter.sources.model_dir import load_catalogue, load_model
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
+    MAX_MULTIPLIER,
+    MIN_MULTIPLIER,
     QUEUE_WAIT_QUANTILE,
     Headroom,
     Outcome,
@@ -424,7 +426,7 @@ def run_traffic(
                 traffic,
                 engine_at(w.plan, scenario),
                 label=w.label,
-                guess=base.limit.held,
+                guess=what_if_guess(base, result, w.plan),
                 say=say,
                 report_at_one=False,
                 **common,
@@ -432,6 +434,19 @@ def run_traffic(
     wall = time.perf_counter() - started
     say(f"traffic replayed in {wall:.1f} s")
     return TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, wall)
+
+
+def what_if_guess(base: Headroom, planned: Plan, alternative: Plan) -> float | None:
+    """Where a what-if's search starts: the planned deployment's answer, scaled by the
+    cache's size when the cache is what gave out. A probe that fails stops at its first
+    preemption and costs little; one that holds replays all the traffic. So a start at or
+    a little above the answer (more blocks hold somewhat less than proportionally more,
+    as a fuller batch steps slower) saves the holding probes of a climb from below."""
+    held = base.limit.held
+    if held is None or base.limit.binding != "kv_cache" or not planned.cap.num_blocks:
+        return held
+    scaled = held * alternative.cap.num_blocks / planned.cap.num_blocks
+    return min(MAX_MULTIPLIER, max(MIN_MULTIPLIER, scaled))
 
 
 def _outcome_json(o: Outcome) -> dict[str, Any]:

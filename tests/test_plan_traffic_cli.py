@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import lookup_gpu
+from exporter.capacity.plan import PlanRequest, plan
+from exporter.capacity.releases import release
 from exporter.cli import main
+from exporter.plan_cli import what_if_guess
+from exporter.traffic import Headroom, Limit, Outcome
+from tests.conftest import fixture_config
 
 PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
 
@@ -193,3 +201,19 @@ def test_parallel_probes_bracket_the_same_threshold(
     (h1, f1), (h2, f2) = brackets
     assert h1 < f2
     assert h2 < f1
+
+
+def failed_on(m: float, preemptions: int, waits: dict[str, float]) -> Outcome:
+    return Outcome(m, 0, preemptions, None, 0.0, 0.0, {"p95": 0.0}, waits, 0.0, 0.0, True, False)
+
+
+def test_a_what_if_search_starts_at_the_answer_scaled_by_the_cache_when_the_cache_binds() -> None:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    request = PlanRequest(arch, "llama", lookup_gpu("H100-80GB"), release("0.32.0"))
+    planned = plan(request)
+    fp8 = plan(replace(request, kv_cache_dtype="fp8"))
+    cache = Headroom("as planned", None, Limit(0.4, 0.42, (failed_on(0.42, 3, {}),)))
+    batch = Headroom("as planned", None, Limit(0.4, 0.42, (failed_on(0.42, 0, {"x": 9.0}),)))
+    scale = fp8.cap.num_blocks / planned.cap.num_blocks
+    assert what_if_guess(cache, planned, fp8) == pytest.approx(0.4 * scale)
+    assert what_if_guess(batch, planned, fp8) == 0.4  # the cache's size does not move it
