@@ -132,7 +132,7 @@ def _poller(url: str, session: aiohttp.ClientSession) -> tuple[Poller, list[floa
 
 @contextlib.contextmanager
 def reference() -> Iterator[None]:
-    """The poll as main had it before issue 17's second pass (fe96751), in this process:
+    """The poll as main had it before issue 17's second pass (1ae06a7), in this process:
     the baseline. Module attributes are swapped, so the poller runs the old functions."""
     swaps = (
         (snapshot, "engine_view", poll_reference.engine_view),  # calls the old assess

@@ -1,5 +1,5 @@
 """The poll's hot paths as they were on main before issue 17's second pass (commit
-fe96751), verbatim: the baseline ``benchmarks/poll.py`` times today's code against in the
+1ae06a7), verbatim: the baseline ``benchmarks/poll.py`` times today's code against in the
 same run, and the reference ``tests/risk/test_assess_reference.py`` checks today's risk
 model against (every Risk field, on replayed scenarios). Not shipped: the package has
 one implementation of each.
@@ -38,6 +38,7 @@ from exporter.risk.bottleneck import classify
 from exporter.risk.headroom import load_headroom
 from exporter.risk.model import (
     _NORMAL,
+    ARRIVALS_SECONDS,
     HORIZON,
     IDLE,
     LEVEL_SECONDS,
@@ -66,7 +67,7 @@ from exporter.sources.vllm_page import (
     cut_label,
 )
 
-# The risk model (exporter/risk/model.py at fe96751, from _moments on).
+# The risk model (exporter/risk/model.py at 1ae06a7, from _moments on).
 
 
 def _moments(h: Histogram | None) -> tuple[float, float, float] | None:
@@ -248,10 +249,11 @@ def assess(inputs: Inputs) -> Risk:
 
     _, u_level = window(LEVEL_SECONDS)
     level = sum(u_level) / len(u_level)
-    # Little's law: the level moves with the arrival rate. When requests arrive more slowly
-    # than the ones that made the level finished (a burst that drained), the load that made
-    # it is leaving: the level falls with the rate, to no less than what is resident now.
-    slowing = min(1.0, load_ratio(pts, QUEUE_SECONDS, LEVEL_SECONDS))
+    # Little's law: the level moves with the arrival rate. When requests arrived over the
+    # last minute more slowly than the ones that made the level finished (a burst that
+    # drained), that load is leaving: the level falls with the rate, to no less than what
+    # is resident now.
+    slowing = min(1.0, load_ratio(pts, ARRIVALS_SECONDS, LEVEL_SECONDS))
     level = max(min(used[-1], level), level * slowing)
     t_trend, u_trend = window(TREND_SECONDS)
     # The window's last half: a rise must still be going on there to count as a trend,
@@ -329,7 +331,7 @@ def assess(inputs: Inputs) -> Risk:
     return Risk(forecast, spread, free, committed, overcommit, tte, risk, history)
 
 
-# The snapshot's engine view (exporter/snapshot.py at fe96751).
+# The snapshot's engine view (exporter/snapshot.py at 1ae06a7).
 
 
 def engine_view(
@@ -460,7 +462,7 @@ def engine_view(
     )
 
 
-# Rendering (exporter/metrics.py at fe96751).
+# Rendering (exporter/metrics.py at 1ae06a7).
 
 
 class _Families:
