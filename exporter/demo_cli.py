@@ -284,7 +284,7 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
         lines.append("waiting for the first poll…")
         return "\n".join(lines)
     v = snap.engines[0]
-    lines += [risk_line(v), limit_line(v)]
+    lines += [risk_line(v), load_line(v), limit_line(v)]
     expected = f" (expected {plan.cap.num_blocks:,})" if plan else ""
     lines.append(
         f"capacity   {_fmt(v.num_blocks)} blocks × {v.block_size} = "
@@ -332,6 +332,18 @@ def risk_line(v: EngineView) -> str:
     )
 
 
+def load_line(v: EngineView) -> str:
+    """The load headroom, under the risk: how many times today's traffic the engine holds
+    and what gives out first; the one number an autoscaler would act on."""
+    ratio = v.load_headroom_ratio
+    if ratio is None:
+        return "load       – (no traffic to scale yet)"
+    return (
+        f"load       {ratio:.2f}× today's traffic fits · "
+        f"{v.load_headroom_resource or '–'} gives out first (below 1: scale out)"
+    )
+
+
 def bottleneck(v: EngineView) -> tuple[str | None, str]:
     """What limits the engine and the evidence, where this build's snapshot says.
 
@@ -356,10 +368,13 @@ def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
     exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
     what, why = bottleneck(v)
+    ratio = v.load_headroom_ratio
+    held = "–" if ratio is None else f"{ratio:.2f}"
     # The evidence is prose: quoted and last, so the line still splits on spaces before it.
     because = f" why={json.dumps(why, ensure_ascii=False)}" if why else ""
     return (
         f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
+        f"load_headroom={held} binds={v.load_headroom_resource or '–'} "
         f"limit={what or '–'} usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "
         f"preemptions={v.preemptions_total:.0f}{because}"

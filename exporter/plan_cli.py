@@ -33,6 +33,8 @@ from exporter.sources.model_dir import load_catalogue, load_model
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
+    MAX_MULTIPLIER,
+    MIN_MULTIPLIER,
     QUEUE_WAIT_QUANTILE,
     Headroom,
     Outcome,
@@ -417,13 +419,27 @@ def run_traffic(
                 traffic,
                 engine_at(w.plan, scenario),
                 label=w.label,
-                guess=base.limit.held,
+                guess=what_if_guess(base, result, w.plan),
                 say=say,
+                report_at_one=False,
                 **common,
             )
     wall = time.perf_counter() - started
     say(f"traffic replayed in {wall:.1f} s")
     return TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, wall)
+
+
+def what_if_guess(base: Headroom, planned: Plan, alternative: Plan) -> float | None:
+    """Where a what-if's search starts: the planned deployment's answer, scaled by the
+    cache's size when the cache is what gave out. A probe that fails stops at its first
+    preemption and costs little; one that holds replays all the traffic. So a start at or
+    a little above the answer (more blocks hold somewhat less than proportionally more,
+    as a fuller batch steps slower) saves the holding probes of a climb from below."""
+    held = base.limit.held
+    if held is None or base.limit.binding != "kv_cache" or not planned.cap.num_blocks:
+        return held
+    scaled = held * alternative.cap.num_blocks / planned.cap.num_blocks
+    return min(MAX_MULTIPLIER, max(MIN_MULTIPLIER, scaled))
 
 
 def _outcome_json(o: Outcome) -> dict[str, Any]:
@@ -453,6 +469,7 @@ def _limit_json(h: Headroom) -> dict[str, Any]:
 
 
 def traffic_json(t: TrafficReport) -> dict[str, Any]:
+    assert t.base.at_one is not None  # the planned deployment's replay is always reported
     return {
         "source": t.source,
         "requests": len(t.traffic.base),
@@ -529,7 +546,11 @@ def plan_json(
         "what_if": [
             {
                 "change": w.label,
-                **(_summary(w.plan) if w.plan else {"not_possible": w.reason}),
+                **(
+                    {**_summary(w.plan), "starts": w.plan.startup_failure is None}
+                    if w.plan
+                    else {"not_possible": w.reason}
+                ),
                 **(
                     {"traffic": _limit_json(traffic.alternatives[w.label])}
                     if traffic is not None and w.label in traffic.alternatives
@@ -559,6 +580,7 @@ def _multiple(h: Headroom | None) -> str:
 
 def traffic_lines(t: TrafficReport) -> list[str]:
     o, lim = t.base.at_one, t.base.limit
+    assert o is not None  # the planned deployment's replay is always reported
     waits = o.queue_wait_seconds
     lines = [
         "",
@@ -673,10 +695,12 @@ def render_table(
             seqs = {c.label: n for c, n in q.sequences}[first.label]
             base = p.cap.num_blocks or 1
             change = (q.cap.num_blocks - p.cap.num_blocks) / base * 100
-            pct = f"({change:+.0f}%)"
+            # Against a deployment with no blocks, a percentage says nothing.
+            pct = f"({change:+.0f}%)" if p.cap.num_blocks else ""
             lines.append(
                 f"  {w.label:<38} {q.cap.num_blocks:>10,} blocks {pct:>7}  "
                 f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>7,} seqs @ {first.label}"
+                + ("  would not start" if q.startup_failure else "")
                 + _multiple(traffic.alternatives.get(w.label) if traffic else None)
             )
     return "\n".join(lines)

@@ -103,8 +103,24 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         last = "none"
     last_why = f"{v.preemptions_total:,.0f} since the sidecar started"
     overcommit = "–" if r is None else f"{r.overcommit_ratio:.2f}×"
+    ratio, resource = v.load_headroom_ratio, v.load_headroom_resource
+    if v.stale:
+        held, held_why = "–", "vLLM is not answering"
+    elif ratio is None:
+        held = "–"
+        held_why = (
+            "no opinion yet" if r is None else "no traffic to scale: nothing running or waiting"
+        )
+    else:
+        held = f"{ratio:.2f}× today's traffic · {resource or '–'} gives out first"
+        held_why = (
+            "how many times the current arrival rate (same request mix) this engine holds "
+            "before the risk reaches its alert line or the batch fills max_num_seqs; "
+            "below 1: add replicas"
+        )
     rows = [
         ("preemption risk", risk_text, risk_why),
+        ("load headroom", held, held_why),
         ("time to exhaustion", exhaustion, exhaustion_why),
         ("headroom", headroom, headroom_why),
         ("limited by", limit, limit_why),

@@ -1,6 +1,7 @@
 """Headroom in units of traffic: replay a request log (or a scenario's traffic) through the
 simulated engine at a planned deployment, and find the largest multiple of that traffic
-the deployment holds. Pure apart from running the simulator (no I/O but ``load_traffic``).
+the deployment holds. Pure apart from running the simulator (no I/O but ``load_traffic``,
+and the progress lines of a parallel probe on stderr).
 
 * **Scaling** — ``Traffic.at(m)`` is the same traffic ``m`` times over, like a log's
   ``rate_scale``: each request is kept with chance ``frac(m)`` on top of ``floor(m)``
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -365,27 +367,43 @@ def search(
 _WORKER: dict[str, object] = {}
 
 
-def _init_worker(traffic: Traffic, config: EngineConfig, bound: float) -> None:
-    _WORKER.update(traffic=traffic, config=config, bound=bound)
+def _init_worker(traffic: Traffic, config: EngineConfig, bound: float, label: str | None) -> None:
+    _WORKER.update(traffic=traffic, config=config, bound=bound, label=label)
 
 
 def _replay_in_worker(multiplier: float) -> Outcome:
     traffic = _WORKER["traffic"]
     config = _WORKER["config"]
     bound = _WORKER["bound"]
+    label = _WORKER["label"]
     assert isinstance(traffic, Traffic)
     assert isinstance(config, EngineConfig)
     assert isinstance(bound, float)
-    return replay(traffic, config, multiplier, max_queue_wait=bound)
+
+    def progress(done: float) -> None:
+        # The worker shares the parent's stderr: a long probe says how far it has got,
+        # as a sequential one does, instead of going quiet for minutes.
+        print(f"  {label} ×{multiplier:.3g}: {done:.0%} of the traffic replayed", file=sys.stderr)
+
+    return replay(
+        traffic,
+        config,
+        multiplier,
+        max_queue_wait=bound,
+        progress=progress if label is not None else None,
+    )
 
 
 def parallel_replays(
-    traffic: Traffic, config: EngineConfig, bound: float, jobs: int
+    traffic: Traffic, config: EngineConfig, bound: float, jobs: int, label: str | None = None
 ) -> tuple[Callable[[Sequence[float]], Sequence[Outcome]], Callable[[], None]]:
-    """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them."""
+    """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them; with
+    a ``label``, a long replay prints its progress to stderr under it."""
     from concurrent.futures import ProcessPoolExecutor
 
-    pool = ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(traffic, config, bound))
+    pool = ProcessPoolExecutor(
+        jobs, initializer=_init_worker, initargs=(traffic, config, bound, label)
+    )
 
     def many(ms: Sequence[float]) -> Sequence[Outcome]:
         return list(pool.map(_replay_in_worker, ms))
@@ -450,10 +468,11 @@ def load_traffic(
 
 @dataclass(frozen=True)
 class Headroom:
-    """One deployment on the traffic: the replay at 1× and the largest multiple held."""
+    """One deployment on the traffic: the replay at 1× (None when not asked for) and the
+    largest multiple held."""
 
     label: str
-    at_one: Outcome
+    at_one: Outcome | None
     limit: Limit
 
 
@@ -467,9 +486,13 @@ def assess_traffic(
     guess: float | None = None,
     say: Callable[[str], None] | None = None,
     jobs: int = 1,
+    report_at_one: bool = True,
 ) -> Headroom:
     """The replay at 1× (run to the end, for its figures) and the search around it;
-    ``guess`` (another deployment's answer) starts the search near the answer."""
+    ``guess`` (another deployment's answer) starts the search near the answer. Without
+    ``report_at_one`` (a what-if, whose table row shows only the multiple) 1× is not
+    replayed unless the search comes by it: on a day of traffic that holds at 1×, that
+    replay would cost as much as a probe."""
 
     def run(m: float, *, stop_after: float | None = 0.0) -> Outcome:
         def progress(done: float) -> None:
@@ -489,13 +512,17 @@ def assess_traffic(
             say(f"  {label} ×{m:.3g}: {verdict} · {outcome.wall_seconds:.1f} s")
         return outcome
 
-    first = run(1.0, stop_after=REPORT_AFTER_FAILING)
+    first = run(1.0, stop_after=REPORT_AFTER_FAILING) if report_at_one else None
 
     def evaluate(m: float) -> Outcome:
-        return first if m == 1.0 else run(m)
+        return first if first is not None and m == 1.0 else run(m)
 
     many: Callable[[Sequence[float]], Sequence[Outcome]] | None = None
-    pool = parallel_replays(traffic, config, max_queue_wait, jobs) if jobs > 1 else None
+    pool = (
+        parallel_replays(traffic, config, max_queue_wait, jobs, label if say else None)
+        if jobs > 1
+        else None
+    )
     if pool is not None:
         pooled = pool[0]
 
@@ -518,7 +545,7 @@ def assess_traffic(
                 width=jobs,
                 evaluate_many=many,
             )
-            if first not in limit.probes:
+            if first is not None and first not in limit.probes:
                 limit = dataclasses.replace(limit, probes=(first, *limit.probes))
         else:
             limit = search(evaluate, precision=precision, width=jobs, evaluate_many=many)

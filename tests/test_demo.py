@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
 import pytest
 
 from exporter.cli import main
-from exporter.demo_cli import HeldLines
+from exporter.demo_cli import HeldLines, demo
+from exporter.simulator.simulation import Simulation, load_scenario
 from tests.sidecar.conftest import unused_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +46,35 @@ def test_demo_plain_lines_lead_with_the_risk_and_what_limits_the_engine() -> Non
     proc = run_demo(sys.executable, 6, ROOT)
     lines = [line for line in proc.stdout.splitlines() if "usage=" in line]
     assert lines
-    assert all(re.match(r"t=\d+s sim=\d+s risk=\S+ exhaustion=\S+ limit=\S+ ", x) for x in lines)
+    lead = r"t=\d+s sim=\d+s risk=\S+ exhaustion=\S+ load_headroom=\S+ binds=\S+ limit=\S+ "
+    assert all(re.match(lead, x) for x in lines)
     assert any(re.search(r' why="[^"]+"$', x) for x in lines)  # the bottleneck's evidence
+
+
+def test_demo_live_screen_shows_the_load_headroom_under_the_risk() -> None:
+    # The terminal's own path (live=True), not the piped lines: it redraws a screen.
+    out = io.StringIO()
+    scenario = load_scenario("demo")
+    code = asyncio.run(
+        demo(
+            scenario_name="demo",
+            sim=Simulation(scenario, start_time=time.time()),
+            host="127.0.0.1",
+            port=unused_port(),
+            interval=1.0,
+            speed=20.0,
+            duration=8.0,
+            live=True,
+            out=out,
+        )
+    )
+    text = out.getvalue()
+    screens = text.split("\x1b[H\x1b[2J")
+    assert code == 0
+    assert len(screens) > 2  # redrawn in place
+    held = [re.search(r"\nrisk [^\n]*\nload +(\S+) today's traffic fits", s) for s in screens]
+    assert any(m and re.fullmatch(r"\d+\.\d\d×", m.group(1)) for m in held), screens[-1]
+    assert text.rstrip().endswith("stopped.")
 
 
 def test_demo_logs_nothing_below_warning_by_default() -> None:

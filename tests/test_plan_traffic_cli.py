@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import lookup_gpu
+from exporter.capacity.plan import PlanRequest, plan
+from exporter.capacity.releases import release
 from exporter.cli import main
+from exporter.plan_cli import what_if_guess
+from exporter.traffic import Headroom, Limit, Outcome
+from tests.conftest import fixture_config
 
 PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
 
@@ -60,6 +69,34 @@ def test_each_what_if_gains_the_multiple_it_holds(
     fp8 = next(w for w in doc["what_if"] if w["change"].startswith("FP8"))
     # Twice the blocks on the same traffic: at least as much traffic held.
     assert fp8["traffic"]["max_multiplier"] >= doc["traffic"]["max_multiplier"]
+
+
+def test_the_batch_cap_and_gpu_what_ifs_carry_the_multiple_held_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path, rate=2.0)
+    _, out, _ = run(
+        capsys, "--traffic", str(log), *LOG_FLAGS, "--max-num-seqs", "4", "--output", "json"
+    )
+    rows = {w["change"]: w for w in json.loads(out)["what_if"]}
+    held = {change: rows[change]["traffic"]["max_multiplier"] for change in rows}
+    # Four sequences at a time bind this traffic: half the cap holds less, twice more.
+    assert held["--max-num-seqs 2"] < held["--max-num-seqs 8"]
+    assert held["--gpu L40S"] > 0  # one memory class up: on the same traffic
+
+
+def test_every_what_if_row_of_the_table_shows_the_traffic_held(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_log(tmp_path)
+    _, out, _ = run(capsys, "--traffic", str(log), *LOG_FLAGS)
+    rows = out.split("What if\n", 1)[1].splitlines()
+    assert [r.split("  ")[1] for r in rows if r.split()[0] in ("--max-num-seqs", "--gpu")] == [
+        "--max-num-seqs 128",
+        "--max-num-seqs 512",
+        "--gpu L40S",
+    ]
+    assert all(re.search(r"[×] ?[\d.]+ traffic", r) for r in rows if "would not start" not in r)
 
 
 def test_table_says_what_the_deployment_holds_and_progress_goes_to_stderr(
@@ -164,3 +201,19 @@ def test_parallel_probes_bracket_the_same_threshold(
     (h1, f1), (h2, f2) = brackets
     assert h1 < f2
     assert h2 < f1
+
+
+def failed_on(m: float, preemptions: int, waits: dict[str, float]) -> Outcome:
+    return Outcome(m, 0, preemptions, None, 0.0, 0.0, {"p95": 0.0}, waits, 0.0, 0.0, True, False)
+
+
+def test_a_what_if_search_starts_at_the_answer_scaled_by_the_cache_when_the_cache_binds() -> None:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    request = PlanRequest(arch, "llama", lookup_gpu("H100-80GB"), release("0.32.0"))
+    planned = plan(request)
+    fp8 = plan(replace(request, kv_cache_dtype="fp8"))
+    cache = Headroom("as planned", None, Limit(0.4, 0.42, (failed_on(0.42, 3, {}),)))
+    batch = Headroom("as planned", None, Limit(0.4, 0.42, (failed_on(0.42, 0, {"x": 9.0}),)))
+    scale = fp8.cap.num_blocks / planned.cap.num_blocks
+    assert what_if_guess(cache, planned, fp8) == pytest.approx(0.4 * scale)
+    assert what_if_guess(batch, planned, fp8) == 0.4  # the cache's size does not move it

@@ -97,3 +97,4 @@ def test_readme_first_command_shows_the_risk_in_a_terminal_and_stops_on_ctrl_c(
     assert "Traceback" not in out, out[-3000:]
     assert os.waitstatus_to_exitcode(status) == 0, out[-3000:]
     assert "stopped." in out
+    assert re.search(r"\nload +(\d+\.\d\d× today's traffic fits|– )", out)  # under the risk

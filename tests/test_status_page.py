@@ -81,6 +81,7 @@ async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preem
     html = stack.page()
     order = [
         "preemption risk</th>",
+        "<th>load headroom</th>",
         "<th>time to exhaustion</th>",
         "<th>headroom</th>",
         "<th>limited by</th>",
@@ -91,6 +92,20 @@ async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preem
     positions = [html.index(label) for label in order]
     assert positions == sorted(positions)
     assert re.search(r"<td class=big>\d\.\d\d</td>", html)  # the score itself, up front
+
+
+async def test_the_load_headroom_says_how_much_traffic_fits_and_what_gives_out_first(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(240)
+    ratio = snap.engines[0].load_headroom_ratio
+    assert ratio is not None
+    row = re.search(r"<th>load headroom</th><td>([^<]*)</td><td>([^<]*)</td>", stack.page())
+    assert row
+    assert row.group(1).startswith(f"{ratio:.2f}× today")
+    assert row.group(1).endswith(f"{snap.engines[0].load_headroom_resource} gives out first")
+    assert "below 1: add replicas" in row.group(2)
 
 
 async def test_the_last_preemption_is_dated_once_vllm_has_preempted(

@@ -15,6 +15,7 @@ from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     Outcome,
     Traffic,
+    assess_traffic,
     load_traffic,
     parallel_replays,
     replay,
@@ -205,3 +206,12 @@ def test_parallel_replays_give_the_sequential_verdicts() -> None:
     alone = [replay(traffic, SMALL, m) for m in (0.5, 3.0)]
     assert [o.held for o in pooled] == [o.held for o in alone]
     assert [o.preemptions for o in pooled] == [o.preemptions for o in alone]
+
+
+def test_a_what_if_search_from_a_guess_does_not_replay_one_times_the_traffic() -> None:
+    # Light traffic that holds far above 1×: the search from a guess of 4× never needs 1×.
+    traffic = Traffic.of("t", [Arrival(float(i), 200, 50) for i in range(60)])
+    headroom = assess_traffic(traffic, SMALL, guess=4.0, report_at_one=False)
+    assert headroom.at_one is None
+    assert 1.0 not in [p.multiplier for p in headroom.limit.probes]
+    assert headroom.limit.held is not None

@@ -267,6 +267,31 @@ CATALOGUE: tuple[Gpu, ...] = (
     ),
 )
 
+# The GPUs ``plan``'s what-ifs compare with: per vendor, one data-centre GPU per memory
+# class, the ones clouds rent for inference today (L4 24 GB, L40S 48 GB, H100 80 GB,
+# H200 141 GB, B200 180 GB; MI300X 192 GB, MI325X 256 GB). A planner's next question is
+# "one class up or down", not "the A10G next to my L4": a GPU of the same memory class
+# says nothing new about the cache. Older or workstation parts (V100, T4, RTX) are not
+# rungs but get neighbours on their vendor's ladder.
+LADDERS: tuple[tuple[str, ...], ...] = (
+    ("L4", "L40S", "H100-80GB", "H200-141GB", "B200"),
+    ("MI300X", "MI325X"),
+)
+SAME_CLASS = 1.1  # memory within 10 % of each other: the same class
+
+
+def neighbours(gpu: Gpu) -> tuple[Gpu | None, Gpu | None]:
+    """The rungs of ``gpu``'s vendor ladder just below and just above its memory class
+    (None at either end, and for the CPU or a GPU given by size)."""
+    if gpu.family in ("cpu", "unknown"):
+        return None, None
+    names = LADDERS[1] if gpu.family == "cdna3" else LADDERS[0]
+    rungs = [lookup_gpu(n) for n in names]
+    below = [g for g in rungs if g.total_bytes * SAME_CLASS < gpu.total_bytes]
+    above = [g for g in rungs if g.total_bytes > gpu.total_bytes * SAME_CLASS]
+    return (below[-1] if below else None), (above[0] if above else None)
+
+
 CPU = Gpu("cpu", 0, "cpu", "vLLM's CPU backend: KV memory is VLLM_CPU_KVCACHE_SPACE", ("cpu",))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from exporter.capacity.arch import LayerKind, ModelArch
-from exporter.capacity.gpus import GIB, Gpu
+from exporter.capacity.gpus import GIB, Gpu, neighbours
 from exporter.capacity.kvcache import (
     OCTAVE_HEAD_SIZE,
     OCTAVE_KV_DTYPES,
@@ -516,6 +516,21 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
         rerun(f"--max-model-len {longest} (the longest)", max_model_len=longest)
     elif (shorter := base.max_model_len // 2) >= base.block_size:
         rerun(f"--max-model-len {shorter}", max_model_len=shorter)
+    # Half and twice the batch cap in force, whatever set it: halving is the lever that
+    # stops preemption (fewer sequences to grow) at the cost of a queue; doubling frees a
+    # queue that waits on the cap. Either moves the budget too (the sampler's warm-up
+    # scales with it); with --traffic the rows say which way the traffic held moves.
+    if base.max_num_seqs > 1:
+        half = base.max_num_seqs // 2
+        rerun(f"--max-num-seqs {half}", max_num_seqs=half)
+    rerun(f"--max-num-seqs {base.max_num_seqs * 2}", max_num_seqs=base.max_num_seqs * 2)
+    # One memory class down and up on the vendor's ladder, same flags (vLLM's defaults
+    # for the batch follow the GPU). Not with --kv-cache-memory-bytes: the budget would
+    # not follow the GPU's memory.
+    if req.kv_cache_memory_bytes is None:
+        for other in neighbours(req.gpu):
+            if other is not None:
+                rerun(f"--gpu {other.name}", gpu=other)
     return tuple(out)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.arch import parse_config
-from exporter.capacity.gpus import CPU, lookup_gpu
+from exporter.capacity.gpus import CPU, lookup_gpu, neighbours
 from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
 from exporter.capacity.releases import release
 from exporter.errors import InputError
@@ -187,6 +187,35 @@ def test_what_ifs_answer_fp8_utilization_tp_and_shorter_context() -> None:
     assert any("--gpu-memory-utilization 1" in label for label in labels)
     assert any("--tensor-parallel-size 2" in label for label in labels)
     assert any("--max-model-len 4096" in label for label in labels)
+
+
+def test_what_ifs_halve_and_double_the_max_num_seqs_in_force() -> None:
+    base = plan(llama(gpu=lookup_gpu("L4"), release=release("0.32.0"), max_num_seqs=256))
+    rows = {w.label: w.plan for w in what_ifs(base)}
+    half, double = rows["--max-num-seqs 128"], rows["--max-num-seqs 512"]
+    assert half is not None
+    assert double is not None
+    # A larger batch cap reserves more for the sampler's warm-up: fewer blocks.
+    assert half.cap.num_blocks > base.cap.num_blocks > double.cap.num_blocks
+
+
+def test_what_ifs_compare_the_gpu_one_memory_class_down_and_up() -> None:
+    labels = [w.label for w in what_ifs(plan(llama()))]
+    assert "--gpu L40S" in labels
+    assert "--gpu H200-141GB" in labels
+
+
+def test_the_next_gpu_up_skips_gpus_of_the_same_memory_class() -> None:
+    # An A10G's neighbours by memory are the L4 and the A10 (22 GiB all three): the
+    # question a planner asks is the 48 GB class.
+    assert neighbours(lookup_gpu("A10G")) == (None, lookup_gpu("L40S"))
+    assert neighbours(lookup_gpu("MI300X")) == (None, lookup_gpu("MI325X"))
+    assert neighbours(CPU) == (None, None)
+
+
+def test_no_other_gpu_is_offered_when_the_kv_memory_is_given() -> None:
+    labels = [w.label for w in what_ifs(plan(llama(kv_cache_memory_bytes=20 * GIB)))]
+    assert not [label for label in labels if label.startswith("--gpu")]
 
 
 def test_what_ifs_keep_the_offset_of_a_printed_budget() -> None:

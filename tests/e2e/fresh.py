@@ -2,8 +2,9 @@
 
 * **Cold start into a burst** — the harness's Llama (48 blocks of 128, a 4,096-token
   context), a sidecar started next to it, and ``COLD_IDLE_S`` later a burst of requests
-  all at once whose prompts fit the cache and whose answers overfill it: vLLM preempts within seconds, while the sidecar
-  has watched for less than its trend needs. Scale-up into a traffic spike is this case.
+  all at once whose prompts fit the cache and whose answers overfill it: vLLM preempts
+  within seconds, while the sidecar has watched for less than its trend needs. Scale-up
+  into a traffic spike is this case.
 * **A compute-bound queue** — the issue's reproduction: the same Llama with 200 blocks of
   128, ``--max-num-batched-tokens 128 --max-num-seqs 64``, and waves of 64 long prompts with
   very short answers. Prefill admits about one prompt at a time, so dozens of requests
