@@ -19,12 +19,14 @@ profile run; this module models them:
   ``S`` is ``(fixed + dtype bytes)`` per entry, ``fixed`` set by the top-k/top-p path
   the release takes. The sort-free path (FlashInfer's top-k/top-p sampler; up to 0.11.0
   and from 0.17) holds the fp32 logits copy, the softmax probabilities and the
-  renormalised probabilities: 12 B counted from vLLM's sampler code. Three public V1
-  starts whose sampler sets the peak there and that print weights and KV memory refit it
-  to 15.95 B, which is shipped: gpt-oss-20b on an A100 under 0.19 (23.1 B) and Qwen2-7B
-  on an A100 under 0.10.1.1 at two utilizations (12.5 and 12.3 B,
-  dennislee22/vLLM-benchmarking), each taking the peak as what weights and KV memory
-  leave of the ceiling less the 32 MiB of V1 non-torch memory below.
+  renormalised probabilities: 12 B counted from vLLM's sampler code. Four public V1
+  starts whose sampler sets the peak there refit it to 21.13 B, which is shipped:
+  gpt-oss-20b on an A100 under 0.19 (23.1 B) and Qwen2-7B on an A100 under 0.10.1.1 at two
+  utilizations (12.5 and 12.3 B, dennislee22/vLLM-benchmarking), each taking the peak as
+  what weights and KV memory leave of the ceiling less the 32 MiB of V1 non-torch memory
+  below, and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2, which prints its peak
+  (1.4 GiB: 36.6 B; tim-roethig/ai-platform). The spread (12-37 B) says the sampler is
+  not the whole of that peak on every row.
   From 0.11.1 to 0.16 the sorting path sets the peak (``logits.sort``: fp32 values and
   int64 indices on top; see ``Release.sorting_sampler``): 24 B, the code count — no
   fixture row in that window prints what its peak is made of, so nothing refits it.
@@ -36,11 +38,13 @@ profile run; this module models them:
   V0 0.35 GiB on one GPU (issue 10517, the only public row that prints it) and 2.14 GiB
   per GPU with TP > 1 (1.79 GiB more: the TP2 − TP1 difference of the non-torch figures
   vLLM PR 10511 printed for Llama-3-8B on an H100 under 0.6.x, whose accounting still
-  held NCCL's buffers). No public V1 (0.8+) start in the fixtures prints its non-torch
-  memory, so V1 keeps the structural prior ``benchmarks/plan_accuracy.py`` refits from:
-  the cuBLAS/cuBLASLt workspace (32 MiB, ``cublas_baseline``) on one GPU and per PP stage,
-  and the same 1.79 GiB of comm buffers on top per GPU with TP > 1 — unmeasured for V1,
-  where NCCL's buffers may already sit in the snapshot.
+  held NCCL's buffers). V1 (0.8+) with TP > 1: 0.21 GiB per GPU, what a Qwen3-235B TP8
+  start on L40S under 0.10.2 prints (tim-roethig/ai-platform), the only V1 TP row that
+  prints it — the V0 comm-buffer figure does not carry over, NCCL's buffers already sit
+  in V1's start-up snapshot. No public V1 start in the fixtures prints its non-torch
+  memory on one GPU, so that keeps the structural prior ``benchmarks/plan_accuracy.py``
+  refits from: the cuBLAS/cuBLASLt workspace (32 MiB, ``cublas_baseline``), also per PP
+  stage.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.27 GiB per
   GPU, the median of the estimates public 0.20+ logs print (0.09, 0.17 and 0.36 GiB on
   RTX 3090s and a 0.27 start, 2.43 GiB on GB10s: club-3090 issues 434 and 127, gpustack
@@ -64,7 +68,7 @@ class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
     forward_bytes: float = 3.87  # per (batched token × intermediate width / TP × dtype byte)
-    sampler_fixed_bytes: float = 15.95  # per (dummy request × vocabulary entry); see above
+    sampler_fixed_bytes: float = 21.13  # per (dummy request × vocabulary entry); see above
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
     # 0.11.1-0.16: the sorting top-k/top-p path instead; the code count (no row measures it)
     sampler_sort_bytes: float = 24.0
@@ -87,7 +91,7 @@ class OverheadModel:
         ((0, 0, 0), int(0.35 * GIB)),
     )  # (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 8, 0), (32 << 20) + int(1.79 * GIB)),  # V1's prior: no row measures it
+        ((0, 8, 0), int(0.21 * GIB)),  # Qwen3-235B TP8 on L40S, 0.10.2 (see above)
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
     )  # per GPU with TP > 1, (first release, bytes), newest first
 
