@@ -1,7 +1,7 @@
 """Two runs on freshly started vLLM 0.32 (CPU) servers, each with a fresh sidecar (issue 13).
 
-* **Cold start into a burst** — the harness's Llama (48 blocks of 128, a 4,096-token
-  context), a sidecar started next to it, and ``COLD_IDLE_S`` later a burst of requests
+* **Cold start into a burst** — the harness's Llama with 96 blocks of 128 and an
+  8,192-token context, a sidecar started next to it, and ``COLD_IDLE_S`` later a burst of requests
   all at once whose prompts fit the cache and whose answers overfill it: vLLM preempts
   within seconds, while the sidecar has watched for less than its trend needs. Scale-up
   into a traffic spike is this case.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -35,19 +36,21 @@ CONFIG = FIXTURES / "vllm" / "tinyllama.config.json"
 READ_EVERY_S = 0.5  # the sidecar polls vLLM every 2 s (its default); read its page faster
 SIDECAR_ARGS = ("--model.path", str(CONFIG), "--no-nvml.enabled")
 
-# The burst: the prompts take under a third of the 6,144-token cache, so all are admitted at
-# once; their answers would need a quarter more than the cache, so the batch outgrows it
-# while it decodes. A CPU step's time hardly depends on the batch, so the cache fills at a
-# rate proportional to the number of sequences: three long ones leave even a fast machine
-# over 2 s polls between the growth showing (the age prior warns when about two thirds of
-# the free space has gone) and vLLM evicting a request. Five sequences of 500-700 +
-# 1,100-1,300 tokens filled it in 3 s on an idle machine: a warning and the eviction fell
-# on the same poll.
+# The burst: two requests whose prompts take a tenth of a 12,288-token cache and whose
+# answers would need a fifth more than all of it, so the batch outgrows the cache while it
+# decodes. On a CPU server a step's time hardly depends on the batch, so the cache fills at
+# a rate proportional to the number of sequences, and this vLLM decodes about 480 tokens a
+# second per sequence on an idle 2-core machine: few long sequences in a large cache leave
+# that machine over 10 s of growth, two or more 2 s polls between the growth showing (the
+# age prior warns once about 60 % of the free space has gone) and vLLM evicting a request.
+# Measured before: five sequences in 6,144 tokens filled it in 3 s, three in 4 s — the
+# warning landed on the eviction's own poll.
 COLD_IDLE_S = 10.0  # the sidecar watches an idle server this long first (< 30 s)
-COLD_BURST = 3
+COLD_BURST = 2
 COLD_PROMPT = (500, 700)
-COLD_GENERATION = (1900, 2100)  # at most 2,800 tokens in all: max_model_len is COLD_MAX_LEN
-COLD_MAX_LEN = "4096"  # the config's max_position_embeddings; the other servers use 2,048
+COLD_GENERATION = (6800, 7400)  # at most 8,100 tokens in all: max_model_len is COLD_MAX_LEN
+COLD_MAX_LEN = 8192
+COLD_BLOCKS = 96  # of 128 tokens: 12,288
 COLD_SEED = 13
 
 # The issue's reproduction of a prefill-bound queue.
@@ -208,12 +211,16 @@ async def run_compute_bound(server: VllmServer) -> ComputeRun:
 
 
 def cold_server() -> VllmServer:
+    # The same Llama with room for COLD_MAX_LEN positions (its weights are dummies anyway).
+    config = {**json.loads(CONFIG.read_text()), "max_position_embeddings": COLD_MAX_LEN}
     return VllmServer(
-        CONFIG,
+        config,
         name="tinyllama",
-        extra_args=("--max-model-len", COLD_MAX_LEN),
+        extra_args=(
+            "--max-model-len", str(COLD_MAX_LEN), "--num-gpu-blocks-override", str(COLD_BLOCKS),
+        ),
         env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
-    )
+    )  # fmt: skip
 
 
 def compute_server() -> VllmServer:
