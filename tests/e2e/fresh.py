@@ -70,7 +70,8 @@ SETTLE_S = 10.0
 
 @dataclass
 class ColdStartRun:
-    sidecar_started: float = 0.0
+    sidecar_spawned: float = 0.0  # its process started (it may poll before /healthz answers)
+    sidecar_started: float = 0.0  # its /healthz answered
     burst_at: float = 0.0
     readings: list[Reading] = field(default_factory=list)
     burst: RunResult | None = None
@@ -170,6 +171,7 @@ async def run_cold_start(server: VllmServer) -> ColdStartRun:
     run = ColdStartRun()
     stop = asyncio.Event()
     with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
+        run.sidecar_spawned = time.time()
         await asyncio.to_thread(sidecar.start)
         run.sidecar_started = time.time()
         reader = asyncio.create_task(_read(sidecar, run.readings, stop))

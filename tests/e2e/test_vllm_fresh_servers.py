@@ -27,7 +27,7 @@ def timeline(run: ColdStartRun | ComputeRun, until: float | None = None) -> str:
 def test_the_burst_arrives_in_the_sidecars_first_30_seconds_and_preempts(
     cold_start: ColdStartRun,
 ) -> None:
-    assert cold_start.burst_at - cold_start.sidecar_started < 30.0
+    assert cold_start.burst_at - cold_start.sidecar_spawned < 30.0
     assert cold_start.burst_at - cold_start.sidecar_started >= COLD_IDLE_S
     assert cold_start.first_preemption is not None, "the burst never made vLLM preempt"
 
@@ -55,9 +55,9 @@ def test_the_cold_start_warning_says_it_rests_on_priors(cold_start: ColdStartRun
     assert warning is not None, timeline(cold_start)
     assert warning.history is not None, timeline(cold_start)
     assert warning.history < TREND_MIN_SECONDS
-    # this epoch's history is the sidecar's own: no older than its first poll (one 2 s
-    # poll may come before it answers /healthz)
-    assert warning.history <= warning.t - cold_start.sidecar_started + 2.5
+    # this epoch's history is the sidecar's own: no older than its process (on a loaded
+    # machine it polled for 11 s before /healthz answered)
+    assert warning.history <= warning.t - cold_start.sidecar_spawned + 0.5
 
 
 def test_the_compute_bound_workload_queues_dozens_on_a_mostly_free_cache(
