@@ -145,7 +145,10 @@ class ComputeRun:
 async def _read(sidecar: Sidecar, into: list[Reading], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(AssertionError, OSError):  # a slow page: the next read
-            into.append(reading(time.time(), await asyncio.to_thread(sidecar.metrics)))
+            text = await asyncio.to_thread(sidecar.metrics)
+            # Stamped when the page arrived: a reading stamped when it was asked for is
+            # earlier than what it says by the page's latency (seconds on a loaded machine).
+            into.append(reading(time.time(), text))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), READ_EVERY_S)
 
