@@ -37,7 +37,7 @@ from exporter.errors import InputError
 from exporter.simulator.engine import REASONS, Engine, EngineConfig, Request
 from exporter.simulator.requestlog import LogFormat, parse_request_log
 from exporter.simulator.scenario import Arrival, Scenario, arrivals, parse_scenario, with_logs
-from exporter.simulator.simulation import engine_config, load_scenario, read_log
+from exporter.simulator.simulation import engine_config, load_scenario, read_log, submit_arrival
 
 COPY_SPREAD_SECONDS = 60.0  # a copy arrives within this long after its original
 QUEUE_WAIT_QUANTILE = 0.95  # the queue-wait percentile --max-queue-wait bounds
@@ -200,17 +200,7 @@ def replay(
         if upcoming is not None and upcoming <= next_sample:
             a = todo[i]
             engine.run_until(a.time, next_arrival=a.time)
-            engine.submit(
-                a.prompt,
-                a.generation,
-                n=a.n,
-                prefix_key=a.prefix_key,
-                prefix_len=a.prefix_len,
-                at=a.time,
-                cache_len=a.cache_len,
-                block_hashes=a.block_hashes,
-                hash_tokens=a.hash_tokens,
-            )
+            submit_arrival(engine, a)
             i += 1
             continue
         engine.run_until(next_sample, next_arrival=upcoming)
@@ -323,19 +313,23 @@ def search(
         probes.extend(outcomes)
         return [o.held for o in outcomes]
 
+    def climb(ms: list[float], held: float) -> tuple[float, float | None]:
+        """Probe ascending multiples: the highest hold below the first failure, and that
+        failure (None when all held)."""
+        for m, ok in zip(ms, probe_all(ms), strict=True):
+            if not ok:
+                return held, m
+            held = m
+        return held, None
+
     held: float | None = None
     failed: float | None = None
     if probe_all([start])[0]:
-        held = start
-        while held < MAX_MULTIPLIER and failed is None:
-            ms = [min(MAX_MULTIPLIER, held * step**k) for k in range(1, width + 1)]
-            ms = sorted(set(ms))
-            verdicts = probe_all(ms)
-            for m, ok in zip(ms, verdicts, strict=True):
-                if not ok:
-                    failed = m
-                    break
-                held = m
+        highest = start
+        while highest < MAX_MULTIPLIER and failed is None:
+            ms = sorted({min(MAX_MULTIPLIER, highest * step**k) for k in range(1, width + 1)})
+            highest, failed = climb(ms, highest)
+        held = highest
     else:
         failed = start
         while failed > MIN_MULTIPLIER and held is None:
@@ -352,13 +346,8 @@ def search(
         ratio = failed / held
         # Geometric points: precision is relative.
         ms = [held * ratio ** (k / (width + 1)) for k in range(1, width + 1)]
-        verdicts = probe_all(ms)
-        # The lowest failure bounds from above; the highest hold below it from below.
-        for m, ok in zip(ms, verdicts, strict=True):
-            if not ok:
-                failed = m
-                break
-            held = m
+        held, lower = climb(ms, held)
+        failed = failed if lower is None else lower
     return Limit(held, failed, tuple(probes))
 
 

@@ -163,6 +163,21 @@ def _engine_config(scenario: Scenario, sized: Plan, gpu: Gpu) -> EngineConfig:
 engine_config = _engine_config
 
 
+def submit_arrival(engine: Engine, a: Arrival) -> None:
+    """Queue one scenario arrival on the engine, at its own time."""
+    engine.submit(
+        a.prompt,
+        a.generation,
+        n=a.n,
+        prefix_key=a.prefix_key,
+        prefix_len=a.prefix_len,
+        at=a.time,
+        cache_len=a.cache_len,
+        block_hashes=a.block_hashes,
+        hash_tokens=a.hash_tokens,
+    )
+
+
 class Simulation:
     """One scenario on one engine. ``advance_to(t)`` is the only way time moves."""
 
@@ -215,17 +230,7 @@ class Simulation:
             arrival = self._next
             engine.run_until(arrival.time, next_arrival=arrival.time)
             engine.stalled = self._stalled_at(engine.now)
-            engine.submit(
-                arrival.prompt,
-                arrival.generation,
-                n=arrival.n,
-                prefix_key=arrival.prefix_key,
-                prefix_len=arrival.prefix_len,
-                at=arrival.time,
-                cache_len=arrival.cache_len,
-                block_hashes=arrival.block_hashes,
-                hash_tokens=arrival.hash_tokens,
-            )
+            submit_arrival(engine, arrival)
             self._next = next(self._arrivals, None)
         engine.run_until(t, next_arrival=self._next.time if self._next else None)
         engine.stalled = self._stalled_at(max(engine.now, t))
