@@ -94,6 +94,7 @@ CUSTOM = (
     ("prometheusPodLabel", "app"),
     ("prometheusPodLabelValue", "prom"),
     ("release", "prom-stack"),
+    ("runbookBaseUrl", "https://wiki.example.com/kv-headroom-runbook"),
 )
 
 

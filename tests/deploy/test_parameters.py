@@ -37,6 +37,12 @@ def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
         kind, spec = o["kind"], o.get("spec", {})
         if kind in OPERATOR_KINDS:
             out["release"].add(o["metadata"]["labels"].get("release"))
+        if kind == "PrometheusRule":
+            for group in spec["groups"]:
+                for rule in group["rules"]:
+                    url = rule.get("annotations", {}).get("runbook_url")
+                    if url is not None:
+                        out["runbookBaseUrl"].add(url.partition("#")[0])
         if kind == "PodMonitor":
             out["vllmPort"].add(spec["podMetricsEndpoints"][1]["targetPort"])
         if kind == "Service" and o["metadata"]["name"] == "vllm-kv-headroom":
