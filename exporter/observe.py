@@ -11,6 +11,8 @@ a page into the next observation. Pure.
 from __future__ import annotations
 
 import functools
+import itertools
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -236,6 +238,9 @@ class History:
     def __init__(self, keep_seconds: float, max_len: int) -> None:
         self._keep = keep_seconds
         self._ring: deque[Observation] = deque(maxlen=max_len)
+        # The observations' times, alongside: windows are found by bisection every poll
+        # rather than by a scan of the whole ring (450 observations at the defaults).
+        self._times: deque[float] = deque(maxlen=max_len)
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -245,13 +250,16 @@ class History:
 
     def append(self, obs: Observation) -> None:
         self._ring.append(obs)
+        self._times.append(obs.time)
         while self._ring and self._ring[0].time < obs.time - self._keep:
             self._ring.popleft()
+            self._times.popleft()
 
     def drop_latest(self) -> None:
         """Forget the newest observation (one whose poll failed half-way)."""
         if self._ring:
             self._ring.pop()
+            self._times.pop()
 
     @property
     def latest(self) -> Observation | None:
@@ -266,10 +274,9 @@ class History:
 
     def at_or_after(self, when: float) -> Observation | None:
         """The oldest observation no older than ``when`` (the start of a window)."""
-        for obs in self._ring:
-            if obs.time >= when:
-                return obs
-        return None
+        i = bisect_left(self._times, when)
+        return self._ring[i] if i < len(self._ring) else None
 
     def recent(self, since: float) -> list[Observation]:
-        return [obs for obs in self._ring if obs.time >= since]
+        """The observations no older than ``since``, oldest first."""
+        return list(itertools.islice(self._ring, bisect_left(self._times, since), None))

@@ -176,7 +176,11 @@ class Poller:
 
     async def _run_stage(self, stage: Stage, now: float) -> None:
         """The stage's sources concurrently, each timed, guarded and marked on its own."""
-        await asyncio.gather(*(self._run_one(s, now) for s in self._sources if s.stage is stage))
+        runs = [self._run_one(s, now) for s in self._sources if s.stage is stage]
+        if len(runs) == 1:  # nothing to run beside it: no task to create and schedule
+            await runs[0]
+        else:
+            await asyncio.gather(*runs)
 
     async def _run_one(self, source: Source, now: float) -> None:
         started = time.perf_counter()

@@ -49,6 +49,21 @@ def test_history_is_bounded_by_length_too() -> None:
     assert len(h) == 5
 
 
+def test_history_windows_are_the_observations_at_or_after_their_start() -> None:
+    # Bounded by length, by age, and with the newest dropped: the windows stay those a
+    # scan of the ring would find.
+    h = History(keep_seconds=20, max_len=15)
+    for second in range(40):
+        h.append(Observation(float(second), None))
+    h.drop_latest()
+    times = [o.time for o in h]
+    assert times == [float(s) for s in range(25, 39)]
+    for since in (0.0, 25.0, 30.5, 38.0, 39.0):
+        assert [o.time for o in h.recent(since)] == [t for t in times if t >= since]
+        first = h.at_or_after(since)
+        assert (first.time if first else None) == next((t for t in times if t >= since), None)
+
+
 def test_an_observations_points_are_the_risk_models_view_of_each_engine_that_reported_usage() -> (
     None
 ):
