@@ -101,6 +101,23 @@ def test_model_dir_with_a_safetensors_index_uses_its_total_size(
     assert "metadata.total_size" in doc["sources"]["weights"]
 
 
+def test_model_dir_reads_a_modelopt_hf_quant_config_beside_config_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # ModelOpt 0.29 and before keep the quantization in hf_quant_config.json; vLLM reads it.
+    nvidia = FIXTURES / "models" / "nvidia__Llama-3.1-70B-Instruct-FP8"
+    shutil.copy(nvidia / "config.json", tmp_path / "config.json")
+    args = ("--model", str(tmp_path), "--gpu", "H100-80GB", "--output", "json", "--no-what-if")
+    _, out, _ = run_plan(capsys, *args)
+    without = json.loads(out)
+    shutil.copy(nvidia / "hf_quant_config.json", tmp_path / "hf_quant_config.json")
+    _, out, _ = run_plan(capsys, *args)
+    doc = json.loads(out)
+    # FP8 weights (the 16-bit embedding and LM head stay) and an FP8 KV cache under auto.
+    assert 0.5 < doc["memory"]["weights_bytes"] / without["memory"]["weights_bytes"] < 0.53
+    assert doc["kv_bytes_per_token"] * 2 == without["kv_bytes_per_token"]
+
+
 def test_hugging_face_cache_layout_resolves_the_current_snapshot(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

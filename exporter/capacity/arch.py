@@ -308,6 +308,17 @@ _MLA_MODEL_TYPES = frozenset(
 )
 
 
+def with_hf_quant_config(
+    config: Mapping[str, Any], hf_quant_config: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The config vLLM serves: a ModelOpt ``hf_quant_config.json`` (ModelOpt 0.29 and before
+    keep the quantization there) becomes ``quantization_config`` when config.json has none
+    (vllm/transformers_utils/config.py::get_config)."""
+    if hf_quant_config is None or config.get("quantization_config") is not None:
+        return dict(config)
+    return {**config, "quantization_config": dict(hf_quant_config)}
+
+
 def text_config(config: Mapping[str, Any], origin: str) -> tuple[Mapping[str, Any], str]:
     """The language model's config: ``text_config`` (or ``llm_config``) of a multimodal model.
 
@@ -750,10 +761,15 @@ def _quantization(
     if not isinstance(q, Mapping):
         raise InputError(origin, "quantization_config", q, "must be an object")
     method = str(q.get("quant_method") or "").lower()
+    modelopt = _modelopt_method(q, origin)
+    if modelopt is not None:
+        method = modelopt
     kv_bits = None
     kv_scheme = q.get("kv_cache_scheme")
     if isinstance(kv_scheme, Mapping) and isinstance(kv_scheme.get("num_bits"), int):
         kv_bits = int(kv_scheme["num_bits"])
+    if method.startswith("modelopt") and _modelopt_kv_is_fp8(q):
+        kv_bits = 8
     if method in _QUANT_BITS:
         bits = _QUANT_BITS[method]
     elif method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round", "hqq"):
@@ -766,6 +782,61 @@ def _quantization(
         bits = 16.0
     experts_only = method == "mxfp4" or not _quantizes_attention(q)
     return Quantization(method or "unknown", bits, experts_only, kv_bits)
+
+
+# ModelOpt FP8 flavours vLLM serves as ``modelopt`` (transformers_utils/
+# model_arch_config_convertor.py::_normalize_quantization_config).
+_MODELOPT_FP8_ALGOS = frozenset({"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"})
+
+
+def _modelopt_method(q: Mapping[str, Any], origin: str) -> str | None:
+    """vLLM's ``quant_method`` for a NVIDIA ModelOpt checkpoint, None for any other.
+
+    ModelOpt 0.29 and before wrote ``hf_quant_config.json`` (``producer.name`` modelopt,
+    ``quantization.quant_algo``) with no ``quant_method``; vLLM names the method from the
+    algorithm and refuses an algorithm it does not know.
+    """
+    producer = q.get("producer")
+    inner = q.get("quantization")
+    legacy = isinstance(inner, Mapping) and "modelopt_quant_config" in inner
+    is_modelopt = isinstance(producer, Mapping) and producer.get("name") == "modelopt"
+    if not (is_modelopt or legacy) or not isinstance(inner, Mapping):
+        return None
+    algo = inner.get("quant_algo")
+    if algo is None:
+        return None
+    upper = str(algo).upper()
+    if upper in _MODELOPT_FP8_ALGOS:
+        return "modelopt"
+    if upper == "NVFP4":
+        return "modelopt_fp4"
+    raise InputError(
+        origin,
+        "quantization_config.quantization.quant_algo",
+        algo,
+        "is not a ModelOpt "
+        "algorithm vLLM serves (FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, NVFP4)",
+    )
+
+
+def _modelopt_kv_is_fp8(q: Mapping[str, Any]) -> bool:
+    """ModelOpt's KV scheme: with ``--kv-cache-dtype auto`` vLLM 0.32 takes an FP8 one
+    (vllm/utils/torch_utils.py::get_kv_cache_quant_algo_string)."""
+    inner = q.get("quantization")
+    inner = inner if isinstance(inner, Mapping) else q
+    algo = (
+        inner.get("kv_cache_scheme")
+        or q.get("kv_cache_scheme")
+        or inner.get("kv_cache_quant_algo")
+        or q.get("kv_cache_quant_algo")
+    )
+    if isinstance(algo, Mapping):
+        return (
+            algo.get("dynamic") is False
+            and algo.get("num_bits") == 8
+            and algo.get("type") == "float"
+        )
+    return isinstance(algo, str) and algo.lower() == "fp8"
 
 
 def _compressed_tensors_bits(q: Mapping[str, Any]) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.capacity.arch import parse_config
+from exporter.capacity.arch import parse_config, with_hf_quant_config
 from exporter.capacity.weights import estimate_weights_bytes
 from exporter.errors import InputError
 
@@ -25,6 +25,12 @@ class CatalogueModel:
     notes: tuple[str, ...]
     checkpoint_bytes: int | None = None  # a published safetensors index total_size
     checkpoint_source: str = ""
+    hf_quant_config: Mapping[str, Any] | None = None  # a verbatim hf_quant_config.json
+
+    @property
+    def serving_config(self) -> dict[str, Any]:
+        """The config as vLLM reads it: ``hf_quant_config.json`` merged in where it applies."""
+        return with_hf_quant_config(self.config, self.hf_quant_config)
 
 
 def parse_catalogue(doc: Mapping[str, Any]) -> tuple[CatalogueModel, ...]:
@@ -34,6 +40,9 @@ def parse_catalogue(doc: Mapping[str, Any]) -> tuple[CatalogueModel, ...]:
     out = []
     for name, entry in models.items():
         size = entry.get("checkpoint_bytes")
+        hf_quant = entry.get("hf_quant_config")
+        if hf_quant is not None and not isinstance(hf_quant, Mapping):
+            raise InputError("catalogue", f"{name}.hf_quant_config", hf_quant, "must be an object")
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
             raise InputError("catalogue", f"{name}.checkpoint_bytes", size, "must be bytes > 0")
         out.append(
@@ -44,6 +53,7 @@ def parse_catalogue(doc: Mapping[str, Any]) -> tuple[CatalogueModel, ...]:
                 tuple(entry.get("notes", ())),
                 size,
                 entry.get("checkpoint_source", ""),
+                hf_quant,
             )
         )
     return tuple(out)
@@ -67,7 +77,7 @@ def find_model(catalogue: tuple[CatalogueModel, ...], name: str) -> CatalogueMod
 
 def describe(model: CatalogueModel) -> str:
     """One line on what an entry holds: its KV layout, dtype, quantization and weight size."""
-    arch = parse_config(model.config, f"catalogue:{model.name}", name=model.name)
+    arch = parse_config(model.serving_config, f"catalogue:{model.name}", name=model.name)
     parts = [
         f"{arch.attention_kind.value}",
         f"{arch.num_layers} layers",

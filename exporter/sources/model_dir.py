@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from exporter.capacity.arch import ModelArch, parse_config
+from exporter.capacity.arch import ModelArch, parse_config, with_hf_quant_config
 from exporter.capacity.catalogue import CatalogueModel, find_model, parse_catalogue
 from exporter.deployment import Resolved
 from exporter.errors import InputError
@@ -25,6 +25,8 @@ from exporter.sources.base import Jobs, Outcome, Readings, Stage
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# ModelOpt 0.29 and before keep the quantization here, beside config.json; vLLM reads it.
+_HF_QUANT_CONFIG = "hf_quant_config.json"
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,12 @@ def load_model(spec: str) -> ModelSource:
         config = read_json(config_path)
         if not isinstance(config, dict):
             raise InputError(str(config_path), "", None, "must hold a JSON object")
+        quant_path = model_dir / _HF_QUANT_CONFIG
+        if "quantization_config" not in config and quant_path.is_file():
+            quant = read_json(quant_path)
+            if not isinstance(quant, dict):
+                raise InputError(str(quant_path), "", None, "must hold a JSON object")
+            config = with_hf_quant_config(config, quant)
         weights, source = checkpoint_bytes(model_dir)
         return ModelSource(model_name(config_path), config, str(config_path), weights, source)
     found = find_model(load_catalogue(), spec)
@@ -142,7 +150,7 @@ def load_model(spec: str) -> ModelSource:
         )
     return ModelSource(
         found.name,
-        dict(found.config),
+        found.serving_config,
         f"catalogue:{found.name}",
         found.checkpoint_bytes,
         f"published checkpoint ({found.checkpoint_source})" if found.checkpoint_bytes else "",

@@ -110,3 +110,12 @@ def test_describe_marks_quantized_moe_entries() -> None:
     entry = next(m for m in CATALOGUE if m.name == "Qwen/Qwen3-30B-A3B-FP8")
     assert "MoE 8/128" in describe(entry)
     assert "fp8 weights" in describe(entry)
+
+
+def test_a_modelopt_entry_carries_its_hf_quant_config(capsys: pytest.CaptureFixture[str]) -> None:
+    entry = next(m for m in CATALOGUE if m.name == "nvidia/Llama-3.1-70B-Instruct-FP8")
+    assert "quantization_config" not in entry.config  # config.json stays verbatim
+    assert "modelopt weights" in describe(entry)
+    assert main(["plan", "--model", entry.name, "--output", "json", "--no-what-if"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kv_bytes_per_token"] == 80 * 8 * 128 * 2  # one byte per element: FP8 KV

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from exporter.capacity.arch import parse_config
+import pytest
+
+from exporter.capacity.arch import parse_config, with_hf_quant_config
+from exporter.capacity.kvcache import kv_dtype_bytes
 from exporter.capacity.weights import count_params, estimate_weights_bytes, weight_bytes
-from tests.conftest import fixture_config
+from exporter.errors import InputError
+from tests.conftest import FIXTURES, fixture_config
 
 
 def estimate(config: dict[str, Any]) -> int:
@@ -79,3 +84,41 @@ def test_a_vision_tower_adds_its_parameters() -> None:
     vl = fixture_config("Qwen__Qwen2.5-VL-7B-Instruct")
     text_only = {k: v for k, v in vl.items() if k != "vision_config"}
     assert 0.5e9 < (estimate(vl) - estimate(text_only)) / 2 < 0.8e9
+
+
+# nvidia/Llama-3.1-70B-Instruct-FP8 (ModelOpt 0.23): the quantization lives in
+# hf_quant_config.json, with no quant_method; vLLM names it from quant_algo.
+MODELOPT_FP8 = fixture_config("nvidia__Llama-3.1-70B-Instruct-FP8")
+HF_QUANT = json.loads(
+    (
+        FIXTURES / "models" / "nvidia__Llama-3.1-70B-Instruct-FP8" / "hf_quant_config.json"
+    ).read_text()
+)
+
+
+def test_modelopt_hf_quant_config_is_fp8_weights_and_an_fp8_kv_cache() -> None:
+    arch = parse_config(with_hf_quant_config(MODELOPT_FP8, HF_QUANT), "model")
+    assert arch.quantization is not None
+    assert arch.quantization.method == "modelopt"
+    assert arch.quantization.weight_bits == 8
+    assert arch.quantization.kv_cache_bits == 8  # kv_cache_quant_algo FP8, read with auto
+    assert kv_dtype_bytes("auto", arch.dtype, arch) == 1
+    bf16 = parse_config(MODELOPT_FP8, "model")
+    assert bf16.quantization is None  # config.json alone says nothing of FP8
+
+
+def test_a_config_quantization_config_wins_over_hf_quant_config() -> None:
+    awq = {**LLAMA, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    assert with_hf_quant_config(awq, HF_QUANT)["quantization_config"]["quant_method"] == "awq"
+
+
+def test_modelopt_nvfp4_and_unknown_algorithms() -> None:
+    nvfp4 = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}
+    arch = parse_config(with_hf_quant_config(LLAMA, nvfp4), "model")
+    assert arch.quantization is not None
+    assert arch.quantization.method == "modelopt_fp4"
+    assert arch.quantization.weight_bits == 4.5
+    assert arch.quantization.kv_cache_bits is None
+    odd = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A8_AWQ"}}
+    with pytest.raises(InputError, match="quant_algo"):
+        parse_config(with_hf_quant_config(LLAMA, odd), "model")
