@@ -63,6 +63,14 @@ def test_printed_kv_memory_reproduces_vllms_blocks_tokens_and_concurrency(
     assert within(result.cap.max_concurrency, point.concurrency, 0.001)
 
 
+def test_the_cpu_backend_keeps_one_batch_in_flight_even_with_async_scheduling_asked() -> None:
+    # vLLM's CPU platform turns async scheduling off, so a sliding window reserves
+    # W - 1 + max_num_batched_tokens, not twice the batch (the gemma2 row: 154.57x, not 126.03x).
+    assert plan(tinyllama(async_scheduling=True)).in_flight_tokens == 2048
+    gpu = plan(llama(release=release("0.32.0"), async_scheduling=True))
+    assert gpu.in_flight_tokens == 2 * gpu.max_num_batched_tokens
+
+
 # Single-worker starts whose figures are not exact only because of the GiB's rounding.
 ROUNDED = [p for p in POINTS if not p.exact and p.blocks and p.tp == p.pp == 1]
 
