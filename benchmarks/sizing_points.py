@@ -2,6 +2,11 @@
 
 Each row is one vLLM start: GPU, flags and what vLLM printed (available KV memory, blocks,
 tokens, concurrency). Shared by the accuracy benchmark and the tests that reproduce them.
+
+Rows whose ``gpu`` is ``cpu`` are starts of vLLM's CPU backend captured on this project's own
+machine (tests/fixtures/sizing/cpu-0.32/): their KV memory is ``VLLM_CPU_KVCACHE_SPACE``
+GiB, a setting known to the byte, so they test exactness; being set rather than measured,
+they say nothing about predicting the memory (see :attr:`StartupPoint.kv_memory_set`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class StartupPoint:
     printed_weights_bytes: int | None = None  # "Model loading took X GiB", when printed
 
     @property
+    def kv_memory_set(self) -> bool:
+        """The KV memory was set (CPU backend), not profiled: an exactness row only."""
+        return self.request.gpu.platform == "cpu"
+
+    @property
     def label(self) -> str:
         extra = f" q={self.quantization}" if self.quantization else ""
         return (
@@ -52,6 +62,10 @@ class StartupPoint:
 
 
 def _config_dir(model: str) -> Path:
+    """A catalogue model's folder, or a tiny config captured beside the CSV (cpu-0.32/...)."""
+    captured = POINTS.parent / model
+    if captured.is_dir():
+        return captured
     return CONFIGS / model.replace("/", "__")
 
 
@@ -78,12 +92,14 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
             gpu = lookup_gpu(row["gpu"])
             if row["gpu_mem_gib"]:
                 assert round(gpu.total_bytes / GIB, 2) == float(row["gpu_mem_gib"]), row["gpu"]
+            printed_kv_bytes = round(float(row["reported_kv_cache_gib"]) * GIB)
+            utilization = row["gpu_memory_utilization"]
             request = PlanRequest(
                 arch=arch,
                 model_name=row["model"],
                 gpu=gpu,
                 release=release(row["vllm_version"]),
-                gpu_memory_utilization=float(row["gpu_memory_utilization"]),
+                gpu_memory_utilization=float(utilization) if utilization else None,
                 tensor_parallel_size=int(row["tp"]),
                 pipeline_parallel_size=int(row["pp"]),
                 kv_cache_dtype=row["kv_cache_dtype"] or "auto",
@@ -91,6 +107,8 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 max_model_len=int(row["max_model_len"]),
                 max_num_batched_tokens=_int(row.get("max_num_batched_tokens") or ""),
                 quantization=row["quantization"] or None,
+                # On CPU the figure is the deployment's setting (VLLM_CPU_KVCACHE_SPACE).
+                kv_cache_memory_bytes=printed_kv_bytes if gpu.platform == "cpu" else None,
             )
             concurrency = row["reported_max_concurrency"]
             points.append(
@@ -103,7 +121,7 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                     max_model_len=int(row["max_model_len"]),
                     kv_cache_dtype=row["kv_cache_dtype"],
                     quantization=row["quantization"],
-                    printed_kv_bytes=round(float(row["reported_kv_cache_gib"]) * GIB),
+                    printed_kv_bytes=printed_kv_bytes,
                     tokens=_int(row["reported_kv_tokens"]),
                     blocks=_int(row["reported_gpu_blocks"]),
                     concurrency=float(concurrency) if concurrency else None,

@@ -142,7 +142,7 @@ def add_parser(sub: Any) -> None:
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="default: on, as in vLLM 0.28+",
+        help="default: on, as in vLLM 0.28+ (always off with --gpu cpu, as vLLM forces it)",
     )
     p.add_argument(
         "--disable-hybrid-kv-cache-manager",

@@ -211,7 +211,10 @@ def plan(req: PlanRequest) -> Plan:
     max_seqs = req.max_num_seqs or seqs_default
     sources["max_num_batched_tokens"] = "flag" if req.max_num_batched_tokens else "default"
     sources["max_num_seqs"] = "flag" if req.max_num_seqs else "default"
-    in_flight = mnbt * rel.in_flight_batches(pp, req.async_scheduling)
+    # vLLM's CPU platform turns async scheduling off whatever the flag says
+    # (vllm/platforms/cpu.py::check_and_update_config, 0.32), so one batch is in flight.
+    async_scheduling = req.async_scheduling and gpu.platform != "cpu"
+    in_flight = mnbt * rel.in_flight_batches(pp, async_scheduling)
 
     if req.block_size is not None:
         block_size, sources["block_size"] = req.block_size, "flag"

@@ -37,3 +37,17 @@ def test_a_start_that_prints_its_weights_refits_the_sampler() -> None:
     row = next(p for p in load_points() if p.model == "openai/gpt-oss-20b")
     refit = plan_accuracy.fit([row], plan_accuracy.PRIOR)
     assert refit.sampler_fixed_bytes > plan_accuracy.PRIOR.sampler_fixed_bytes
+
+
+def test_every_exactness_row_is_reproduced_and_cpu_rows_stay_out_of_the_error_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.sizing_points import load_points
+
+    assert plan_accuracy.main(["--output", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    points = load_points()
+    # The CPU rows' KV memory is VLLM_CPU_KVCACHE_SPACE: set, not measured, so only exactness.
+    assert len(doc["rows"]) == sum(1 for p in points if not p.kv_memory_set)
+    assert doc["exactness"]["rows"] >= 11
+    assert doc["exactness"]["within_0.01pct"] == doc["exactness"]["rows"]

@@ -63,6 +63,38 @@ def test_printed_kv_memory_reproduces_vllms_blocks_tokens_and_concurrency(
     assert within(result.cap.max_concurrency, point.concurrency, 0.001)
 
 
+# CPU-backend starts captured here (tests/fixtures/sizing/cpu-0.32/): the KV memory is
+# VLLM_CPU_KVCACHE_SPACE GiB to the byte, and vLLM's /metrics gave its blocks and unrounded
+# concurrency, so nothing but vLLM's own arithmetic stands between the inputs and the figures.
+SET_MEMORY = [p for p in POINTS if p.kv_memory_set]
+
+
+def test_the_fixture_has_exactness_rows_from_several_cpu_architectures() -> None:
+    assert len(SET_MEMORY) >= 5
+    assert {"llama", "qwen3", "gemma2", "gemma3", "deepseek_v2"} <= {p.family for p in SET_MEMORY}
+    assert all(p.exact for p in SET_MEMORY)
+
+
+@pytest.mark.parametrize("point", SET_MEMORY, ids=lambda p: f"row{p.row}")
+def test_cpu_start_ups_blocks_tokens_and_concurrency_are_reproduced_exactly(
+    point: StartupPoint,
+) -> None:
+    assert point.concurrency is not None
+    result = plan(point.request)
+    assert result.kv_budget_bytes == point.printed_kv_bytes
+    assert result.cap.num_blocks == point.blocks
+    assert result.cap.capacity_tokens == point.tokens
+    assert result.cap.max_concurrency == pytest.approx(point.concurrency, rel=1e-12)
+
+
+def test_the_cpu_backend_keeps_one_batch_in_flight_even_with_async_scheduling_asked() -> None:
+    # vLLM's CPU platform turns async scheduling off, so a sliding window reserves
+    # W - 1 + max_num_batched_tokens, not twice the batch (the gemma2 row: 154.57x, not 126.03x).
+    assert plan(tinyllama(async_scheduling=True)).in_flight_tokens == 2048
+    gpu = plan(llama(release=release("0.32.0"), async_scheduling=True))
+    assert gpu.in_flight_tokens == 2 * gpu.max_num_batched_tokens
+
+
 # Single-worker starts whose figures are not exact only because of the GiB's rounding.
 ROUNDED = [p for p in POINTS if not p.exact and p.blocks and p.tp == p.pp == 1]
 
