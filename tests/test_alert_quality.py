@@ -8,8 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.alert_quality import RULES, Rule, episodes, evaluate, lead, main, plot, targets
-from exporter.risk.model import ALERT_FOR_SECONDS
+from benchmarks.alert_quality import (
+    RULES,
+    Rule,
+    episodes,
+    evaluate,
+    lead,
+    main,
+    near_miss_seconds,
+    plot,
+    targets,
+)
+from exporter.risk.model import ALERT_FOR_SECONDS, HORIZON
 from exporter.simulator.replay import Replay, Tick, gauge_resource
 from exporter.simulator.scenario import parse_scenario
 
@@ -124,6 +134,18 @@ def test_false_alarms_are_minutes_per_hour_of_runs_that_never_preempted() -> Non
     firing_minutes = (60 - (25 + ALERT_FOR_SECONDS)) / 60
     assert row["false_alarm_minutes_per_safe_hour"] == round(firing_minutes * 60, 2)
     assert result["real_traffic"]["kv_headroom"]["safe_runs"] == 1
+
+
+def test_near_miss_minutes_are_the_firing_within_the_horizon_after_a_poll_near_full() -> None:
+    # Usage 0.96 at 10 s and again at 20 s: the horizon after them, once, is what counts.
+    series = ticks([0.5, 0.96, 0.5, 0.96, 0.5])
+    firing = [(5.0, 20.0 + HORIZON + 30.0)]
+    assert near_miss_seconds(series, firing) == 20.0 + HORIZON - 10.0
+
+
+def test_firing_away_from_any_near_miss_is_not_counted_as_one() -> None:
+    series = ticks([0.5, 0.94, 0.5])
+    assert near_miss_seconds(series, [(0.0, 100.0)]) == 0.0
 
 
 def test_untagged_scenarios_are_the_synthetic_class() -> None:
