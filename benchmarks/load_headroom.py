@@ -144,6 +144,7 @@ def evaluate_scenario(
     return {
         "name": scenario.name,
         "seed": scenario.seed,
+        "real_traffic": "real-traffic" in scenario.tags,
         "first_preemption_seconds": first,
         "below_one_since_seconds": below,
         "lead_seconds": None if first is None or below is None else round(first - below, 1),
@@ -164,6 +165,13 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if w["live"] is not None and w["true"] is not None
     ]
     above = [(lv, tr, b) for lv, tr, b in pairs if tr > 1.2]
+    # Real-traffic and synthetic scenarios apart: their errors have opposite signs.
+    by_traffic: dict[str, list[float]] = {}
+    for r in runs:
+        for w in r["windows"]:
+            if w["live"] is not None and w["true"] is not None and w["true"] > 1.2:
+                kind = "real_traffic" if r.get("real_traffic") else "synthetic"
+                by_traffic.setdefault(kind, []).append((w["live"] - w["true"]) / w["true"])
     errors = sorted(abs(lv - tr) / tr for lv, tr, _ in above)
     by_binding: dict[str, list[float]] = {}
     for lv, tr, b in above:
@@ -184,6 +192,15 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "signed_error_median": q(sorted((lv - tr) / tr for lv, tr, _ in above), 0.5),
         "relative_error_by_true_binding": {
             b: {"windows": len(v), "median": q(sorted(v), 0.5)} for b, v in by_binding.items()
+        },
+        "relative_error_by_traffic": {
+            kind: {
+                "windows": len(v),
+                "median": q(sorted(abs(e) for e in v), 0.5),
+                "signed_median": q(sorted(v), 0.5),
+                "share_below_truth": round(sum(e < 0 for e in v) / len(v), 3),
+            }
+            for kind, v in sorted(by_traffic.items())
         },
         "overload_runs": len(overload),
         "below_one_before_first_preemption": len(warned),

@@ -30,6 +30,16 @@ def test_the_error_counts_only_windows_whose_truth_is_above_one_point_two() -> N
     assert result["relative_error"]["median"] == pytest.approx(0.5)
 
 
+def test_real_traffic_and_synthetic_errors_are_reported_apart_with_their_sign() -> None:
+    real = {**run(None, None, [(1.0, 2.0), (1.5, 2.0)]), "real_traffic": True}
+    synthetic = run(None, None, [(3.0, 2.0)])
+    split = summarise([real, synthetic])["relative_error_by_traffic"]
+    assert split["real_traffic"]["windows"] == 2
+    assert split["real_traffic"]["share_below_truth"] == 1.0
+    assert split["real_traffic"]["signed_median"] == pytest.approx(-0.25)
+    assert split["synthetic"]["signed_median"] == pytest.approx(0.5)
+
+
 def test_an_overload_run_counts_as_warned_only_with_a_positive_lead() -> None:
     result = summarise([run(600.0, 30.0, []), run(600.0, -10.0, []), run(600.0, None, [])])
     assert result["overload_runs"] == 3
