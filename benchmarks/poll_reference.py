@@ -302,7 +302,12 @@ def assess(inputs: Inputs) -> Risk:
     observed = math.sqrt(sum(r * r for r in residuals) / len(residuals))
     # Swings made by a load that is leaving shrink with it: the occupancy's variance goes
     # with the arrival rate (λ·E[∫size²] for random arrivals).
-    observed *= math.sqrt(slowing)
+    late_pts = [p for p in pts if p.t >= t_late[0]]
+    now_pts = [p for p in pts if p.t >= last.t - QUEUE_SECONDS]
+    resident_late = sum(p.running for p in late_pts) / len(late_pts)
+    resident_now = sum(p.running for p in now_pts) / len(now_pts)
+    resident = min(1.0, resident_now / resident_late) if resident_late > 0 else 1.0
+    observed *= math.sqrt(min(slowing, resident))
     spread = max(theory, observed)
     # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising
     # logistically as it closes in (calibrated on the simulator's scenario library).

@@ -30,7 +30,8 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together; or the
   observed spread around the last half's trend when that is wider (near saturation
   steps slow down and the swings grow), scaled like the level when the load that made
-  those swings is leaving (variance goes with the arrival rate);
+  those swings is leaving (variance goes with the arrival rate), or with the requests
+  resident when they have fallen (the requests that made the swings have left);
 * **score** — ``z = (capacity − level) / spread`` headroom in spreads; the score is
   logistic in z, 0.5 at ``Z_HALF`` spreads (calibrated on the simulator's scenario
   library by ``benchmarks/alert_quality.py``: a ranking score, not a probability);
@@ -418,8 +419,17 @@ def assess(inputs: Inputs) -> Risk:
     residuals = [u - (mu + late * d) for d, u in zip(dt_late, u_late, strict=True)]
     observed = math.sqrt(sum([r * r for r in residuals]) / len(residuals))
     # Swings made by a load that is leaving shrink with it: the occupancy's variance goes
-    # with the arrival rate (λ·E[∫size²] for random arrivals).
-    observed *= math.sqrt(slowing)
+    # with the arrival rate (λ·E[∫size²] for random arrivals) — and with the requests
+    # resident, which also fall when the arrivals go on but the requests that made the
+    # swings (long ones, a burst) have left: then the swings' own crash, measured as a
+    # swing, would raise the risk while the cache empties. The resident count is the
+    # last QUEUE_SECONDS' mean against the late window's, and only ever scales down.
+    late_pts = pts[len(pts) - len(t_late) :]
+    now_pts = pts[_since(pts, last.t - QUEUE_SECONDS) :]
+    resident_late = sum([p.running for p in late_pts]) / len(late_pts)
+    resident_now = sum([p.running for p in now_pts]) / len(now_pts)
+    resident = min(1.0, resident_now / resident_late) if resident_late > 0 else 1.0
+    observed *= math.sqrt(min(slowing, resident))
     spread = max(theory, observed)
     # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising
     # logistically as it closes in (calibrated on the simulator's scenario library).

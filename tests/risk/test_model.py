@@ -251,3 +251,31 @@ def test_a_burst_that_has_drained_leaves_no_risk_behind() -> None:
 
 def test_the_same_burst_is_a_risk_while_it_runs() -> None:
     assert assess(inputs(burst_then_idle(170))).preemption_risk > ALERT_THRESHOLD
+
+
+def long_requests_then_short(now: float) -> list[Point]:
+    """Requests arrive at 2 a second throughout. From 150 s long ones pile up (usage 0.15 →
+    0.70, running 8 → 40); at 250 s they finish together and the cache falls to 0.05 with 6
+    running, while the arrivals go on at the same rate — now short requests."""
+    points = []
+    for i in range(int(now / 2) + 1):
+        t = i * 2.0
+        if t < 150:
+            usage, running = 0.15, 8.0
+        elif t < 250:
+            usage, running = 0.15 + 0.55 * (t - 150) / 100, 8.0 + 32 * (t - 150) / 100
+        else:
+            usage, running = 0.05, 6.0
+        finished = 2.0 * t + (34.0 if t >= 250 else 0.0)
+        points.append(Point(t, usage, running, 0.0, finished, 25.0 * 40 * t, 0))
+    return points
+
+
+def test_the_crash_of_swings_whose_requests_have_left_does_not_hold_the_risk_up() -> None:
+    # 30 s after the long requests left, the arrival rate is unchanged, so only the fall in
+    # requests resident says the swings' load has gone (before: risk 0.91 here).
+    assert assess(inputs(long_requests_then_short(280))).preemption_risk < ALERT_THRESHOLD
+
+
+def test_the_same_long_requests_are_a_risk_while_they_pile_up() -> None:
+    assert assess(inputs(long_requests_then_short(240))).preemption_risk > ALERT_THRESHOLD
