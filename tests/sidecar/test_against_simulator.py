@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from asyncio.subprocess import PIPE
 
 from aiohttp.test_utils import TestServer
 
@@ -14,7 +13,7 @@ from exporter.simulator.server import create_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.sources.nvml import NvmlReader
 from tests.sidecar.conftest import MakeRig
-from tests.sidecar.test_golden import promtool
+from tests.sidecar.test_golden import check_metrics
 
 
 def observed_and_expected(text: str, name: str) -> dict[str, float]:
@@ -40,10 +39,7 @@ async def test_expected_capacity_equals_what_the_simulator_serves(make_rig: Make
         assert blocks["expected"] == blocks["observed"]
         tokens = observed_and_expected(text, "kv_headroom_kv_capacity_tokens")
         assert tokens["expected"] == tokens["observed"]
-        proc = await asyncio.create_subprocess_exec(
-            promtool(), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
-        )
-        out, err = await proc.communicate(text.encode())
-        assert proc.returncode == 0, (out + err).decode()
+        status, report = await check_metrics(text)
+        assert status == 0, report
     finally:
         await server.close()

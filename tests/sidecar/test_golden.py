@@ -57,6 +57,15 @@ def promtool() -> str:
     return path
 
 
+async def check_metrics(text: str) -> tuple[int | None, str]:
+    """``promtool check metrics`` on an exposition: its exit status and what it said."""
+    proc = await asyncio.create_subprocess_exec(
+        promtool(), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(text.encode()), timeout=30)
+    return proc.returncode, (out + err).decode()
+
+
 @pytest.mark.parametrize("page", PAGES)
 async def test_metrics_match_the_golden_file(
     fake_vllm: FakeVllm, make_rig: MakeRig, page: str
@@ -72,13 +81,8 @@ async def test_metrics_match_the_golden_file(
 async def test_promtool_accepts_the_output(
     fake_vllm: FakeVllm, make_rig: MakeRig, page: str
 ) -> None:
-    text = await exported(fake_vllm, make_rig, page)
-    proc = await asyncio.create_subprocess_exec(
-        promtool(), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(text.encode()), timeout=30)
-    report = (out + err).decode()
-    assert proc.returncode == 0, report
+    status, report = await check_metrics(await exported(fake_vllm, make_rig, page))
+    assert status == 0, report
     assert report.strip() == "", report  # not even a lint warning
 
 

@@ -3,14 +3,11 @@ under ``promtool check metrics``, and the observed capacity is what the page say
 
 from __future__ import annotations
 
-import asyncio
-from asyncio.subprocess import PIPE
-
 import pytest
 
 from exporter.metrics import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig
-from tests.sidecar.test_golden import promtool
+from tests.sidecar.test_golden import check_metrics
 from tests.sources.test_real_pages import READABLE, served
 
 # What /v1/models would say (model, /version, max_model_len); "" and None where the source
@@ -44,13 +41,8 @@ def test_every_readable_page_has_a_server() -> None:
 async def test_promtool_accepts_the_output_for_a_real_page(
     fake_vllm: FakeVllm, make_rig: MakeRig, name: str
 ) -> None:
-    text = await exported(fake_vllm, make_rig, name)
-    proc = await asyncio.create_subprocess_exec(
-        promtool(), "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(text.encode()), timeout=30)
-    report = (out + err).decode()
-    assert proc.returncode == 0, report
+    status, report = await check_metrics(await exported(fake_vllm, make_rig, name))
+    assert status == 0, report
     assert report.strip() == "", report
 
 
