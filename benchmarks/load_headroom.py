@@ -159,23 +159,19 @@ def evaluate_scenario(
 
 def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     pairs = [
-        (w["live"], w["true"], w["true_binding"])
+        (w["live"], w["true"], w["true_binding"], bool(r.get("real_traffic")))
         for r in runs
         for w in r["windows"]
         if w["live"] is not None and w["true"] is not None
     ]
-    above = [(lv, tr, b) for lv, tr, b in pairs if tr > 1.2]
+    above = [(lv, tr, b, real) for lv, tr, b, real in pairs if tr > 1.2]
+    errors = sorted(abs(lv - tr) / tr for lv, tr, _, _ in above)
+    by_binding: dict[str, list[float]] = {}
     # Real-traffic and synthetic scenarios apart: their errors have opposite signs.
     by_traffic: dict[str, list[float]] = {}
-    for r in runs:
-        for w in r["windows"]:
-            if w["live"] is not None and w["true"] is not None and w["true"] > 1.2:
-                kind = "real_traffic" if r.get("real_traffic") else "synthetic"
-                by_traffic.setdefault(kind, []).append((w["live"] - w["true"]) / w["true"])
-    errors = sorted(abs(lv - tr) / tr for lv, tr, _ in above)
-    by_binding: dict[str, list[float]] = {}
-    for lv, tr, b in above:
+    for lv, tr, b, real in above:
         by_binding.setdefault(b, []).append(abs(lv - tr) / tr)
+        by_traffic.setdefault("real_traffic" if real else "synthetic", []).append((lv - tr) / tr)
     overload = [r for r in runs if r["first_preemption_seconds"] is not None]
     warned = [r for r in overload if r["lead_seconds"] is not None and r["lead_seconds"] > 0]
     safe = [r for r in runs if r["first_preemption_seconds"] is None]
@@ -189,7 +185,7 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "windows_compared": len(pairs),
         "windows_true_above_1_2": len(above),
         "relative_error": {"median": q(errors, 0.5), "p75": q(errors, 0.75), "p90": q(errors, 0.9)},
-        "signed_error_median": q(sorted((lv - tr) / tr for lv, tr, _ in above), 0.5),
+        "signed_error_median": q(sorted((lv - tr) / tr for lv, tr, _, _ in above), 0.5),
         "relative_error_by_true_binding": {
             b: {"windows": len(v), "median": q(sorted(v), 0.5)} for b, v in by_binding.items()
         },

@@ -16,6 +16,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from exporter.capacity.histogram import Histogram, histogram_delta
 from exporter.risk.model import Point
@@ -232,15 +233,15 @@ def fold(folder: Folder, now: float, page: VllmPage | None) -> Fold:
     )
 
 
+_TIME = attrgetter("time")
+
+
 class History:
     """A bounded ring of observations, oldest first."""
 
     def __init__(self, keep_seconds: float, max_len: int) -> None:
         self._keep = keep_seconds
         self._ring: deque[Observation] = deque(maxlen=max_len)
-        # The observations' times, alongside: windows are found by bisection every poll
-        # rather than by a scan of the whole ring (450 observations at the defaults).
-        self._times: deque[float] = deque(maxlen=max_len)
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -250,16 +251,13 @@ class History:
 
     def append(self, obs: Observation) -> None:
         self._ring.append(obs)
-        self._times.append(obs.time)
         while self._ring and self._ring[0].time < obs.time - self._keep:
             self._ring.popleft()
-            self._times.popleft()
 
     def drop_latest(self) -> None:
         """Forget the newest observation (one whose poll failed half-way)."""
         if self._ring:
             self._ring.pop()
-            self._times.pop()
 
     @property
     def latest(self) -> Observation | None:
@@ -274,9 +272,14 @@ class History:
 
     def at_or_after(self, when: float) -> Observation | None:
         """The oldest observation no older than ``when`` (the start of a window)."""
-        i = bisect_left(self._times, when)
+        i = self._first_at_or_after(when)
         return self._ring[i] if i < len(self._ring) else None
 
     def recent(self, since: float) -> list[Observation]:
         """The observations no older than ``since``, oldest first."""
-        return list(itertools.islice(self._ring, bisect_left(self._times, since), None))
+        return list(itertools.islice(self._ring, self._first_at_or_after(since), None))
+
+    def _first_at_or_after(self, when: float) -> int:
+        # Times never decrease: a bisection every poll, not a scan of the whole ring
+        # (450 observations at the defaults).
+        return bisect_left(self._ring, when, key=_TIME)

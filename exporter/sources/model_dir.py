@@ -133,7 +133,7 @@ def load_model(spec: str) -> ModelSource:
         if not isinstance(config, dict):
             raise InputError(str(config_path), "", None, "must hold a JSON object")
         quant_path = model_dir / _HF_QUANT_CONFIG
-        if "quantization_config" not in config and quant_path.is_file():
+        if config.get("quantization_config") is None and quant_path.is_file():
             quant = read_json(quant_path)
             if not isinstance(quant, dict):
                 raise InputError(str(quant_path), "", None, "must hold a JSON object")
