@@ -184,9 +184,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(compute_summary(fresh.compute))
 
 
-# The overload the fidelity check looks at: the shape of the recorded fixture run.
+# The overload the fidelity check looks at: the shape of the recorded fixture run, sent all
+# at once. Closed-loop at 20 clients, vLLM's count hung on how fast the client sent the
+# next request: 44 preemptions here, 33 on a loaded CI machine (whose sampler also missed
+# the full cache), against the simulator's 45. All at once, the cache alone decides.
 WORKLOAD = {"seed": 0, "count": 40, "prompt": (200, 600), "generation": (300, 800)}
-CONCURRENCY = 20
+CONCURRENCY = 40
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ class OverloadRun:
 
 @pytest.fixture(scope="session")
 def overload_run(vllm_tiny: VllmServer) -> OverloadRun:
-    """One closed-loop overload of the Llama server (40 requests, 20 at a time), driven
+    """One overload of the Llama server (40 requests, all at once), driven
     once per session and shared by every test that checks what happened."""
     requests = workload(**WORKLOAD)  # type: ignore[arg-type]
     result = asyncio.run(

@@ -44,12 +44,14 @@ RAMP_BOUND_S = SAFE_S + 30 * STEP_S
 # VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
 RESOLVE_BOUND_S = 7 * 60.0
 PROBE = Request(prompt_tokens=300, max_tokens=1500)
-# A fast server streams a probe in a few seconds, and only readings PROBE_LOOKBACK_S into
-# one count (see _probe_once): stream probes one after another until the sidecar has
-# reported this many readings, at most PROBE_TRIES.
+# Stream probes one after another until the sidecar has reported this many readings of one,
+# at most PROBE_TRIES: a fast server streams a probe in a few seconds, one or two polls.
 PROBE_READINGS = 3
 PROBE_TRIES = 10
-PROBE_LOOKBACK_S = 6.0  # the sidecar's figure is at most this old (2 s polls, slow CPU)
+# How late a streamed token may reach the client after vLLM counted it in its cache: the
+# API server that renders /metrics also streams the tokens, and a loaded CI machine held
+# them back more than a second (the sidecar saw 15 more tokens than the stream had shown).
+DELIVERY_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,8 @@ class ArchRun:
     sidecar: str  # host:port, the instance label Prometheus gives it
     vllm_text: str = ""  # vLLM's /metrics after the probe
     sidecar_text: str = ""  # the sidecar's, right after
-    # (sidecar tokens per running sequence, tokens streamed PROBE_LOOKBACK_S before, now)
+    # (sidecar tokens per running sequence, tokens the client had when the sidecar's poll
+    # of vLLM began, tokens it had DELIVERY_S after that poll ended)
     probe: list[tuple[float, int, int]] = field(default_factory=list)
     probes_streamed: int = 0  # each one is a finished request of PROBE's length
     # The sidecar's /metrics when vLLM first counted a preemption, and the requests that
@@ -161,9 +164,14 @@ async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
 
 
 async def _probe_once(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
-    """One probe from an idle server (as the sidecar sees it, so that every reading of
-    one running request is of this one), read every 0.5 s while it streams."""
-    progress: list[tuple[float, int]] = [(time.time(), 0)]
+    """One probe from an idle server (as the sidecar sees it, so that every reading of one
+    running request is of this one), the sidecar read every 0.5 s while it streams.
+
+    Each reading is placed in the stream by the sidecar's own clock: its poll of vLLM
+    began at ``source_last_success_timestamp_seconds`` and took
+    ``source_poll_duration_seconds``. So no reading of an earlier probe counts, and the
+    check holds on a machine of any speed."""
+    progress: list[tuple[float, int]] = []
 
     async def on_progress(n: int) -> None:
         progress.append((time.time(), n))
@@ -175,23 +183,26 @@ async def _probe_once(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> Non
     while value(await asyncio.to_thread(sidecar.metrics), "kv_headroom_requests_running") != 0:
         assert time.monotonic() < deadline, "the server never looked idle to the sidecar"
         await asyncio.sleep(0.5)
+    sent = time.time()
     task = asyncio.create_task(
         stream_one(server.url, model=server.model, request=PROBE,
                    seed=987_654 + run.probes_streamed, on_progress=on_progress)
     )  # fmt: skip
+    polls: dict[float, tuple[float, float]] = {}  # poll began -> (tokens per sequence, ended)
     while not task.done():
         text = await asyncio.to_thread(sidecar.metrics)
-        now = time.time()
+        began = value(text, "kv_headroom_source_last_success_timestamp_seconds", source="vllm")
+        took = value(text, "kv_headroom_source_poll_duration_seconds", source="vllm")
         per_seq = value(text, "kv_headroom_tokens_per_running_sequence", engine="0")
-        before = streamed_at(now - PROBE_LOOKBACK_S)
-        # Only once the probe had streamed PROBE_LOOKBACK_S ago is the sidecar's figure
-        # surely of it: earlier, its poll may predate the probe and show the one before
-        # (seen on a loaded machine: 1,664 tokens, the last probe's end, 0 streamed).
-        if per_seq is not None and value(text, "kv_headroom_requests_running") == 1 and before:
-            run.probe.append((per_seq, before, streamed_at(now)))
+        one = value(text, "kv_headroom_requests_running") == 1
+        # began >= sent: a poll of this probe, not of the idle server before it
+        if one and began is not None and began >= sent and took is not None and per_seq is not None:
+            polls[began] = (per_seq, began + took)
         await asyncio.sleep(0.5)
     await task
     run.probes_streamed += 1
+    for began, (per_seq, ended) in sorted(polls.items()):
+        run.probe.append((per_seq, streamed_at(began), streamed_at(ended + DELIVERY_S)))
 
 
 async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:

@@ -83,12 +83,12 @@ def test_tokens_per_running_sequence_match_the_streamed_request_within_a_block(
 ) -> None:
     block = int(cache_config(arch.vllm_text)["block_size"])
     assert arch.probe, "no reading while exactly one request ran"
-    for per_seq, before, now in arch.probe:
+    for per_seq, before, after in arch.probe:
         # The sequence held its prompt and what it had generated, in whole blocks; the
-        # sidecar's figure is from a poll between the two stream positions.
+        # sidecar's poll saw vLLM between the two stream positions (stack._probe_once).
         low = math.ceil((PROBE.prompt_tokens + max(0, before - 1)) / block) * block
-        high = math.ceil((PROBE.prompt_tokens + now + 1) / block) * block
-        assert low - 1e-6 <= per_seq <= high + 1e-6, (per_seq, before, now, block)
+        high = math.ceil((PROBE.prompt_tokens + after + 1) / block) * block
+        assert low - 1e-6 <= per_seq <= high + 1e-6, (per_seq, before, after, block)
         assert abs(per_seq / block - round(per_seq / block)) < 1e-6, (per_seq, block)
 
 
