@@ -21,6 +21,7 @@ import aiohttp
 
 from exporter.log import get_logger
 from exporter.sources.base import Outcome, Readings, Stage
+from exporter.sources.dialects import as_vllm
 from exporter.sources.vllm_page import VllmPage, cut_label, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
@@ -168,6 +169,11 @@ def read_page(body: bytes) -> VllmPage:
         raise SourceError("decode", f"/metrics is not UTF-8 (byte {e.start})") from None
     page = parse_page(text)
     if not page.engines:
+        # Ray Serve LLM's or NVIDIA NIM's page: vLLM's series under other names.
+        other = as_vllm(text)
+        if other is not None:
+            page = replace(parse_page(other[1]), dialect=other[0])
+    if not page.engines:
         raise SourceError("no_vllm_metrics", "/metrics answered but holds no vllm: series")
     problem = incomplete(page, text)
     if problem:
@@ -258,6 +264,7 @@ class VllmSource:
         self._client = client
         self._card_due = 0.0
         self._page_problems = False
+        self._dialect = "vllm"
         self._log = get_logger()
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
@@ -280,6 +287,10 @@ class VllmSource:
         elif not page.problems and self._page_problems:
             self._log.info("vllm_page_clean")
         self._page_problems = bool(page.problems)
+        if page.dialect != self._dialect:
+            # Once: the series were read under another server's names (sources/dialects.py).
+            self._log.info("vllm_page_dialect", dialect=page.dialect)
+            self._dialect = page.dialect
         readings.page = page
         return None
 

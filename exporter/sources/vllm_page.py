@@ -146,6 +146,8 @@ class VllmPage:
     # Series the sidecar reads that this page lacks, by name (e.g. cache_config_info):
     # the page is used for what it has.
     missing: tuple[str, ...] = ()
+    # Whose page: "vllm", or a server that re-exports vLLM's series (sources/dialects.py).
+    dialect: str = "vllm"
 
     def engine(self, name: str) -> EngineMetrics | None:
         return next((e for e in self.engines if e.engine == name), None)
@@ -193,6 +195,8 @@ _START_TIME = "process_start_time_seconds"
 _WANTED = frozenset(
     [*_SCALARS, *_SUMMED, *_HIST_PARTS, _CACHE_CONFIG, _WAITING_BY_REASON, _START_TIME]
 )
+# Every series name the parser reads (dialects.py rewrites other servers' names into these).
+WANTED_SERIES = _WANTED
 _PREFIXES = ("vllm:", _START_TIME)
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
