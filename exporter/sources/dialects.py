@@ -62,7 +62,7 @@ def _ray_line(line: str) -> str:
     if not line.startswith(RAY_PREFIXES):
         return line
     name = _name(line)
-    canonical = _VLLM + name[len(RAY_PREFIXES[0]) :]
+    canonical = _VLLM + name[len(RAY_PREFIXES[0]) :]  # both prefixes are 9 characters
     if canonical not in WANTED_SERIES:
         return line  # not a series the sidecar reads: left for the parser to skip
     rest = line[len(name) :]
