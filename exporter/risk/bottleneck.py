@@ -17,7 +17,8 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``kv_cache`` — the free tokens do not hold a typical prompt.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
-* ``none`` — nobody waits.
+* ``none`` — nobody waits, or only requests that arrived since the last poll (a queue is
+  one that a second poll still sees).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ def classify(
     last = points[-1]
     if last.waiting < 1:
         return NONE
+    if len(points) >= 2 and points[-2].waiting < 1:
+        # A request that arrived since the last poll waits for the engine's next step: the
+        # poll caught it between two steps, not a queue (on a busy server with no queue at
+        # all, one poll in a few reads a waiting request). A queue is one still there a poll
+        # later. (With a single poll there is nothing to tell them apart: it counts.)
+        return Bottleneck("none", f"{last.waiting:,.0f} waiting, none at the poll before")
     waiting = f"{last.waiting:,.0f} waiting"
     used = last.usage * capacity_tokens
     free = max(0.0, capacity_tokens - used)

@@ -34,6 +34,32 @@ def test_nobody_waiting_is_no_bottleneck() -> None:
     )
 
 
+def test_a_request_caught_between_two_steps_is_no_queue() -> None:
+    # A busy server with no queue: one poll in a few reads a request that arrived since
+    # the last poll and waits for the next step.
+    pts = polls(60, usage=0.3, running=20, waiting=0)
+    pts[-1] = Point(pts[-1].t, 0.3, 20, 1, pts[-1].finished, pts[-1].generated, 0,
+                    prompt=pts[-1].prompt, preemptions=0.0)  # fmt: skip
+    b = classify(pts, CAPACITY, 64, 1500)
+    assert b.resource == "none"
+    assert "none at the poll before" in b.evidence
+
+
+def test_a_queue_a_second_poll_still_sees_is_classified() -> None:
+    pts = polls(60, usage=0.3, running=20, waiting=0)
+    for i in (-2, -1):
+        p = pts[i]
+        pts[i] = Point(p.t, 0.3, 20, 1, p.finished, p.generated, 0, prompt=p.prompt,
+                       preemptions=0.0)  # fmt: skip
+    assert classify(pts, CAPACITY, 64, 1500).resource == "compute"
+
+
+def test_a_queue_at_the_first_poll_counts() -> None:
+    # Nothing before it to tell a queue from a request between steps (a cold start).
+    first = polls(60, usage=0.1, running=6, waiting=58)[:1]
+    assert classify(first, CAPACITY, 64, 1500).resource == "compute"
+
+
 def test_a_queue_while_the_cache_has_room_and_the_batch_has_slots_is_compute() -> None:
     # The prefill-bound burst: 58 waiting, 13 % of the cache used, 6 of 64 running.
     b = classify(polls(60, usage=0.13, running=6, waiting=58), CAPACITY, 64, 1500)
