@@ -31,7 +31,7 @@ from exporter.config import Deployment
 from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
-from exporter.risk.bottleneck import classify
+from exporter.risk.bottleneck import classify, settled
 from exporter.risk.headroom import load_headroom
 from exporter.risk.model import Inputs, Point, Risk, assess
 from exporter.sources.base import Readings, SourceState
@@ -229,7 +229,9 @@ def engine_view(
         current = points
         if points and points[0].epoch != points[-1].epoch:
             current = [p for p in points if p.epoch == points[-1].epoch]
-        bottleneck = classify(
+        # What the queue waits on (the risk model's input, at once) and what the gauge says
+        # (a queue once a second poll still sees it).
+        cause = classify(
             current,
             capacity,
             max_num_seqs,
@@ -245,9 +247,10 @@ def engine_view(
             sequences_per_request=seqs_per_request,
             recent_prompt=recent_prompt,
             recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
-            bottleneck=bottleneck.resource,
+            bottleneck=cause.resource,
         )
         risk = assess(inputs)
+        bottleneck = settled(cause, current)
         headroom = load_headroom(
             risk,
             inputs,

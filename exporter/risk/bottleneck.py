@@ -58,6 +58,20 @@ def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int
     return not generating or room
 
 
+def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
+    """What the gauge shows: ``bottleneck`` once a second poll still sees the queue.
+
+    A request that arrived since the last poll waits for the engine's next step: a poll
+    that catches it between two steps sees no queue (on a busy server with no queue at all,
+    one poll in a few reads a waiting request). With a single poll there is nothing to
+    tell them apart, and it counts. The risk model takes ``classify``'s answer as it is:
+    for a burst that just arrived, what it will wait on matters at once."""
+    if bottleneck.resource != "none" and len(points) >= 2 and points[-2].waiting < 1:
+        waiting = points[-1].waiting
+        return Bottleneck("none", f"{waiting:,.0f} waiting, none at the poll before")
+    return bottleneck
+
+
 def classify(
     points: Sequence[Point],
     capacity_tokens: float,
@@ -74,12 +88,6 @@ def classify(
     last = points[-1]
     if last.waiting < 1:
         return NONE
-    if len(points) >= 2 and points[-2].waiting < 1:
-        # A request that arrived since the last poll waits for the engine's next step: the
-        # poll caught it between two steps, not a queue (on a busy server with no queue at
-        # all, one poll in a few reads a waiting request). A queue is one still there a poll
-        # later. (With a single poll there is nothing to tell them apart: it counts.)
-        return Bottleneck("none", f"{last.waiting:,.0f} waiting, none at the poll before")
     waiting = f"{last.waiting:,.0f} waiting"
     used = last.usage * capacity_tokens
     free = max(0.0, capacity_tokens - used)
