@@ -27,6 +27,7 @@ from exporter.sources.vllm_page import (
     MAX_ENGINES,
     MAX_LABEL_VALUE_LENGTH,
     cut_label,
+    escape_label,
 )
 
 PREFIX = "kv_headroom_"
@@ -184,17 +185,11 @@ def _sample_prefix(spec: Spec, labels: tuple[str, ...]) -> str:
     name = _sample_name(spec)
     if labels:
         pairs = sorted(zip(spec.labels, labels, strict=True))
-        name += "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+        name += "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs) + "}"
     if len(_PREFIX_CACHE) >= _PREFIX_CACHE_MAX:
         _PREFIX_CACHE.clear()
     _PREFIX_CACHE[(spec.name, labels)] = name
     return name
-
-
-def _escape(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return value
 
 
 class SnapshotCollector:

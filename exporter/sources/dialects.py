@@ -18,7 +18,12 @@ Only a page with no ``vllm:`` series is looked at here, so vLLM's own pages neve
 
 from __future__ import annotations
 
-from exporter.sources.vllm_page import WANTED_SERIES, parse_labels
+from exporter.sources.vllm_page import (
+    START_TIME_SERIES,
+    WANTED_SERIES,
+    escape_label,
+    parse_labels,
+)
 
 RAY_PREFIXES = ("ray_vllm:", "ray_vllm_")
 # Labels Ray adds to every application metric (and vLLM's Ray wrapper adds ReplicaId).
@@ -26,7 +31,6 @@ RAY_LABELS = frozenset(
     {"Component", "NodeAddress", "SessionName", "Version", "WorkerId", "ReplicaId", "JobId"}
 )
 _VLLM = "vllm:"
-_START_TIME = "process_start_time_seconds"
 _BARE = frozenset(n[len(_VLLM) :] for n in WANTED_SERIES if n.startswith(_VLLM))
 # A NIM page is recognised by the two series every vLLM release exposes.
 _BARE_RUNNING = "num_requests_running"
@@ -35,9 +39,9 @@ _BARE_USAGE = ("gpu_cache_usage_perc", "kv_cache_usage_perc")
 
 def as_vllm(text: str) -> tuple[str, str] | None:
     """``(dialect, the page in vLLM's names)`` for a Ray Serve or NIM page, else None."""
-    if "ray_vllm" in text:
-        return "ray-serve", "\n".join(_ray_line(line) for line in text.split("\n"))
     lines = text.split("\n")
+    if "ray_vllm" in text:
+        return "ray-serve", "\n".join(_ray_line(line) for line in lines)
     if any(_name(ln) == _BARE_RUNNING for ln in lines) and any(
         _name(ln) in _BARE_USAGE for ln in lines
     ):
@@ -55,7 +59,7 @@ def _name(line: str) -> str:
 
 
 def _ray_line(line: str) -> str:
-    if line.startswith(_START_TIME):
+    if line.startswith(START_TIME_SERIES):
         # The process that serves a Ray node's page is Ray's metrics agent, not vLLM: its
         # start time says nothing of a replica's restart (the counters' fall does).
         return ""
@@ -80,11 +84,7 @@ def _ray_line(line: str) -> str:
     return (
         canonical
         + "{"
-        + ",".join(f'{k}="{_escape(v)}"' for k, v in kept.items())
+        + ",".join(f'{k}="{escape_label(v)}"' for k, v in kept.items())
         + "}"
         + (rest[end + 1 :])
     )
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

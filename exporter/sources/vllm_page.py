@@ -197,6 +197,7 @@ _WANTED = frozenset(
 )
 # Every series name the parser reads (dialects.py rewrites other servers' names into these).
 WANTED_SERIES = _WANTED
+START_TIME_SERIES = _START_TIME
 _PREFIXES = ("vllm:", _START_TIME)
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -207,6 +208,13 @@ def _unescape(value: str) -> str:
     if "\\" not in value:
         return value
     return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def escape_label(value: str) -> str:
+    """A label value as the exposition format writes it (the inverse of ``_unescape``)."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
 
 
 def parse_labels(text: str) -> dict[str, str] | None:
