@@ -2,13 +2,13 @@
 
 Each poll runs the first-stage sources concurrently (vLLM, the process scan, NVML), folds
 the page into the history (``observe.fold``), resolves the deployment, runs the sources that
-need it (the model directory), assembles the snapshot (``snapshot.build``) and swaps it in
-together with its rendered exposition. Each source is bounded on its own (HTTP timeouts, a
-daemon thread under a timeout) and guarded here: whatever it raises, it shows as
-``source_up 0`` and never fails the poll. A source is logged once when it goes down and
-once when it comes back. Anything else that goes wrong inside a poll is logged once as
-``poll_failed`` and the last good snapshot keeps being served, with vLLM marked down, until
-a poll succeeds again.
+need it (the model directory), assembles the snapshot (``snapshot.build``) and swaps it in;
+the first scrape that asks for it renders its exposition, once. Each source is bounded on
+its own (HTTP timeouts, a daemon thread under a timeout) and guarded here: whatever it
+raises, it shows as ``source_up 0`` and never fails the poll. A source is logged once when
+it goes down and once when it comes back. Anything else that goes wrong inside a poll (or
+in rendering it) is logged once as ``poll_failed`` and the last good snapshot keeps being
+served, with vLLM marked down, until a poll succeeds again.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class Poller:
         self._last_expected_note = ""
         self._missing: tuple[str, ...] = ()
         self.snapshot = snapshots.empty(self._deps.clock(), self._states())
-        self.rendered, _ = render_counted(self.snapshot)
+        # The empty snapshot renders here, so a scrape always has a rendered one to fall back on.
+        self._rendered_for, self._rendered = self.snapshot, render_counted(self.snapshot)[0]
         self.polls = 0
         self.created = self._deps.clock()
         self.last_poll_end: float | None = None
@@ -152,7 +153,6 @@ class Poller:
                 duration=time.perf_counter() - started,
             )
             self._note_expected(snapshot)
-            rendered, limited = render_counted(snapshot)
         except Exception as e:
             # A bug, or input the core cannot take: forget this poll's observation so it
             # cannot fail every later poll too, and serve the last good snapshot with vLLM
@@ -162,17 +162,36 @@ class Poller:
             self._failed(e)
             self._mark("vllm", now, ("internal", self._poll_failure or "poll failed"))
             snapshot = replace(self.snapshot, time=now, sources=self._states())
-            rendered, limited = render_counted(snapshot)
         else:
             if self._poll_failure is not None:
                 self._log.info("poll_recovered", error=self._poll_failure)
                 self._poll_failure = None
-        self._report_limits(limited)
-        self.snapshot, self.rendered = snapshot, rendered
+        self.snapshot = snapshot
         record(self, snapshot)  # the status page's history chart (exporter/trail.py)
         self.polls += 1
         self.last_poll_end = self._deps.clock()
         return snapshot
+
+    @property
+    def rendered(self) -> bytes:
+        """The exposition of the current snapshot, rendered when a scrape first asks for it:
+        polls (every 2 s) outnumber scrapes (every 15-60 s), so most snapshots are never
+        rendered, and the poll does not wait for it."""
+        snapshot = self.snapshot
+        if snapshot is not self._rendered_for:
+            try:
+                body, limited = render_counted(snapshot)
+            except Exception as e:
+                # A bug in rendering: as for one in the poll, the last snapshot that rendered,
+                # with vLLM marked down, so the failure shows where alerts look.
+                self._failed(e)
+                self._mark("vllm", snapshot.time, ("internal", self._poll_failure or "render"))
+                snapshot = replace(self._rendered_for, time=snapshot.time, sources=self._states())
+                self.snapshot = snapshot
+                body, limited = render_counted(snapshot)
+            self._report_limits(limited)
+            self._rendered_for, self._rendered = snapshot, body
+        return self._rendered
 
     async def _run_stage(self, stage: Stage, now: float) -> None:
         """The stage's sources concurrently, each timed, guarded and marked on its own."""

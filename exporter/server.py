@@ -1,8 +1,8 @@
 """The HTTP face: ``/metrics``, ``/healthz``, ``/readyz`` and a status page at ``/``.
 
-It only serves what the poll loop computed: ``/metrics`` returns the bytes rendered with
-the latest snapshot (gzipped once per snapshot when asked), so concurrent scrapes cost
-a dictionary lookup and always agree with each other.
+It only serves what the poll loop computed: ``/metrics`` returns the bytes of the latest
+snapshot, rendered and gzipped (when asked) once per snapshot by the first scrape that
+wants them, so concurrent scrapes cost a lookup and always agree with each other.
 
 With a web config file (``--web.config.file``) it asks for basic auth on every path but
 the two probes, ``/healthz`` and ``/readyz``: they answer a fixed word and nothing about the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from exporter.capacity.gpus import GIB
 from exporter.capacity.histogram import Histogram, histogram_delta
@@ -33,7 +33,7 @@ from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
 from exporter.risk.bottleneck import classify, settled
 from exporter.risk.headroom import load_headroom
-from exporter.risk.model import Inputs, Point, Risk, assess
+from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GpuMemory
@@ -224,11 +224,7 @@ def engine_view(
         capacity = occupancy.usable_blocks * occupancy.block_size
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt
-        # This epoch's points: all of them unless vLLM restarted in the window (epochs only
-        # grow, so equal ends mean one epoch; a scan per engine per poll otherwise).
-        current = points
-        if points and points[0].epoch != points[-1].epoch:
-            current = [p for p in points if p.epoch == points[-1].epoch]
+        current = current_epoch(points)
         # What the queue waits on (the risk model's input, at once) and what the gauge says
         # (a queue once a second poll still sees it).
         cause = classify(
@@ -381,7 +377,8 @@ def deployment_of(history: History, readings: Readings, config: Deployment) -> R
     cmdline: dict[str, object] = dict(flags.values) if flags else {}
     if flags and flags.model and "model" not in cmdline:
         cmdline["model"] = flags.model
-    overrides = {k: v for k, v in asdict(config).items() if v is not None}
+    # vars(), not asdict(): the fields are flat, and asdict deep-copies them every poll.
+    overrides = {k: v for k, v in vars(config).items() if v is not None}
     return resolve(
         cache_config=cache_config,
         max_model_len=card.max_model_len if card else None,

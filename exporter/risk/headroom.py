@@ -36,7 +36,16 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from exporter.risk.model import LEVEL_SECONDS, QUEUE_SECONDS, Z_HALF, Inputs, Risk, capped_touch
+from exporter.risk.model import (
+    LEVEL_SECONDS,
+    QUEUE_SECONDS,
+    Z_HALF,
+    Inputs,
+    Risk,
+    capped_touch,
+    current_epoch,
+    since,
+)
 
 RESOURCES = ("kv_cache", "max_num_seqs")
 _NORMAL = NormalDist()
@@ -107,9 +116,9 @@ def load_headroom(
     if not points or capacity_tokens <= 0:
         return None
     last = points[-1]
-    pts = [p for p in points if p.epoch == last.epoch]
-    level = [p.running for p in pts if p.t >= last.t - LEVEL_SECONDS]
-    queue = [p.waiting for p in pts if p.t >= last.t - QUEUE_SECONDS]
+    pts = current_epoch(points)
+    level = [p.running for p in pts[since(pts, last.t - LEVEL_SECONDS) :]]
+    queue = [p.waiting for p in pts[since(pts, last.t - QUEUE_SECONDS) :]]
     demand = sum(level) / len(level) + sum(queue) / len(queue)
     if risk.level_tokens <= 0 and demand <= 0:
         return None

@@ -216,7 +216,7 @@ def _fit(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float, list[f
 _TIME = attrgetter("t")
 
 
-def _since(pts: Sequence[Point], t: float) -> int:
+def since(pts: Sequence[Point], t: float) -> int:
     """The index of the first point at or after ``t`` (points are oldest first)."""
     return bisect_left(pts, t, key=_TIME)
 
@@ -282,7 +282,7 @@ def load_ratio(pts: Sequence[Point], recent: float, window: float) -> float:
     occupancy there (1 when nothing finished: no rate to go by). Arrivals are the growth
     of finished + running + waiting, which preemption does not move."""
     last = pts[-1]
-    a, f = pts[_since(pts, last.t - recent)], pts[_since(pts, last.t - window)]
+    a, f = pts[since(pts, last.t - recent)], pts[since(pts, last.t - window)]
     if last.t - a.t <= 0 or last.t - f.t <= 0 or last.finished <= f.finished:
         return 1.0
     arrived = last.finished + last.running + last.waiting - (a.finished + a.running + a.waiting)
@@ -308,7 +308,7 @@ def queued_tokens(
     ``prompt`` is a typical prompt, ``per_request`` what a resident request holds on
     average over its life."""
     last = pts[-1]
-    recent = [p.waiting for p in pts[_since(pts, last.t - QUEUE_SECONDS) :]]
+    recent = [p.waiting for p in pts[since(pts, last.t - QUEUE_SECONDS) :]]
     # Smoothed, but never more than waits now: a queue that has drained adds nothing.
     waiting = min(sum(recent) / len(recent), last.waiting)
     if waiting <= 0 or per_request <= 0:
@@ -316,7 +316,7 @@ def queued_tokens(
     target = last.running + waiting
     if max_num_seqs:
         target = min(target, float(max_num_seqs))
-    window = pts[_since(pts, last.t - TTE_SECONDS) :]
+    window = pts[since(pts, last.t - TTE_SECONDS) :]
     first = window[0]
     finished = last.finished - first.finished
     if finished > 0 and first.prompt is not None and last.prompt is not None:
@@ -331,11 +331,18 @@ def queued_tokens(
     return max(0.0, target - last.running) * per_request
 
 
+def current_epoch(points: Sequence[Point]) -> Sequence[Point]:
+    """The points since vLLM last restarted: all of them unless it restarted in the window
+    (epochs only grow, so equal ends mean one epoch: no scan on every poll)."""
+    if not points or points[0].epoch == points[-1].epoch:
+        return points
+    return [p for p in points if p.epoch == points[-1].epoch]
+
+
 def assess(inputs: Inputs) -> Risk:
     if not inputs.points:
         return IDLE
-    epoch = inputs.points[-1].epoch
-    pts = [p for p in inputs.points if p.epoch == epoch]
+    pts = current_epoch(inputs.points)
     last = pts[-1]
     history = last.t - pts[0].t
     if last.running <= 0 and last.waiting <= 0 and last.usage <= 0 and history < TTE_SECONDS:
@@ -425,7 +432,7 @@ def assess(inputs: Inputs) -> Risk:
     # swing, would raise the risk while the cache empties. The resident count is the
     # last QUEUE_SECONDS' mean against the late window's, and only ever scales down.
     late_pts = pts[len(pts) - len(t_late) :]
-    now_pts = pts[_since(pts, last.t - QUEUE_SECONDS) :]
+    now_pts = pts[since(pts, last.t - QUEUE_SECONDS) :]
     resident_late = sum([p.running for p in late_pts]) / len(late_pts)
     resident_now = sum([p.running for p in now_pts]) / len(now_pts)
     resident = min(1.0, resident_now / resident_late) if resident_late > 0 else 1.0

@@ -74,7 +74,7 @@ class VllmClient:
 
     async def _get(self, path: str, accept: str, max_bytes: int) -> bytes:
         url = f"{self._base}{path}"
-        shown = redact(url)
+        # Messages show redact(url), which parses the URL: built only when one is raised.
         try:
             async with self._session.get(
                 url,
@@ -84,43 +84,52 @@ class VllmClient:
                 allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    raise SourceError("http_status", f"GET {shown}: HTTP {resp.status}")
+                    raise SourceError("http_status", f"GET {redact(url)}: HTTP {resp.status}")
                 encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
                 if encoding not in ("", "identity"):
                     raise SourceError(
-                        "encoding", f"GET {shown}: Content-Encoding {encoding[:40]!r} not asked for"
+                        "encoding",
+                        f"GET {redact(url)}: Content-Encoding {encoding[:40]!r} not asked for",
                     )
                 declared = resp.content_length
-                if declared is not None and declared > max_bytes:
-                    raise SourceError(
-                        "too_large", f"GET {shown}: {declared} bytes over the {max_bytes}-byte cap"
-                    )
+                if declared is not None:
+                    if declared > max_bytes:
+                        raise SourceError(
+                            "too_large",
+                            f"GET {redact(url)}: {declared} bytes over the {max_bytes}-byte cap",
+                        )
+                    # The declared length bounds what is read: one read, no chunk loop.
+                    return await resp.read()
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     size += len(chunk)
                     if size > max_bytes:
                         raise SourceError(
-                            "too_large", f"GET {shown}: body over the {max_bytes}-byte cap"
+                            "too_large", f"GET {redact(url)}: body over the {max_bytes}-byte cap"
                         )
                     chunks.append(chunk)
                 return b"".join(chunks)
         except SourceError:
             raise
         except TimeoutError:
+            shown = redact(url)
             raise SourceError(
                 "timeout", f"GET {shown}: no complete answer within {self._timeout.total:g}s"
             ) from None
         except aiohttp.ClientConnectorError as e:
+            shown = redact(url)
             raise SourceError("refused", f"GET {shown}: cannot connect ({e.os_error})") from None
         except (
             aiohttp.ClientPayloadError,
             aiohttp.ServerDisconnectedError,
             ConnectionResetError,
         ) as e:
+            shown = redact(url)
             raise SourceError("reset", f"GET {shown}: connection broke mid-answer ({e})") from None
         except aiohttp.ClientError as e:
             # aiohttp's messages can quote the URL it was given, password and all.
+            shown = redact(url)
             text = _one_line(str(e).replace(url, shown))
             raise SourceError("error", f"GET {shown}: {type(e).__name__}: {text}") from None
 

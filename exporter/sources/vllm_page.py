@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,10 +195,22 @@ _START_TIME = "process_start_time_seconds"
 _WANTED = frozenset(
     [*_SCALARS, *_SUMMED, *_HIST_PARTS, _CACHE_CONFIG, _WAITING_BY_REASON, _START_TIME]
 )
+
+
+def _alternatives(names: Iterable[str]) -> str:
+    # Longest first, so that no name stops at a shorter one it begins with.
+    return "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
+
+
+# A line that starts with a wanted name, then its labels or a blank. The leading newline is
+# a literal the regex engine scans for in C (the text gets one prepended for its first
+# line), and "vllm:" is written once: an alternation of whole names measured twice as slow.
+_VLLM_NAMES = _alternatives(n.removeprefix("vllm:") for n in _WANTED if n.startswith("vllm:"))
+_OTHER_NAMES = _alternatives(n for n in _WANTED if not n.startswith("vllm:"))
+_WANTED_LINES = re.compile(f"\n((?:vllm:(?:{_VLLM_NAMES})|{_OTHER_NAMES})[{{ \t][^\n]*)")
 # Every series name the parser reads (dialects.py rewrites other servers' names into these).
 WANTED_SERIES = _WANTED
 START_TIME_SERIES = _START_TIME
-_PREFIXES = ("vllm:", _START_TIME)
 
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _UNESCAPE = re.compile(r"\\(.)")
@@ -332,11 +344,10 @@ def parse_page(text: str) -> VllmPage:
 
     if "\r" in text:
         text = text.replace("\r\n", "\n")
-    wanted, cached = _WANTED, _LABEL_CACHE  # locals: this loop runs ~600 times a poll
-    for line in text.split("\n"):
-        # Comments, blank lines and other exporters' series fail this one C-level test.
-        if not line.startswith(_PREFIXES):
-            continue
+    wanted, cached = _WANTED, _LABEL_CACHE  # locals: read in the loop
+    # One C-level scan picks the lines of wanted series (~70 of a page's ~600); comments,
+    # other series and other exporters' lines are never looked at in Python.
+    for line in _WANTED_LINES.findall("\n" + text):
         brace = line.find("{")
         if brace > 0:
             name = line[:brace]

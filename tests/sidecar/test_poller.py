@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import structlog
 
+from exporter import poller as poller_module
 from exporter.config import Config
-from exporter.metrics import families_by_name
+from exporter.metrics import families_by_name, render_counted
 from exporter.poller import Poller, PollerDeps
+from exporter.snapshot import Snapshot
 from exporter.sources.base import Outcome, Readings, Source, Stage
 from exporter.sources.vllm import ModelCard, VllmClient
 from exporter.sources.vllm_page import VllmPage
@@ -114,3 +116,46 @@ async def test_a_registered_source_is_polled_and_exported(
     text = poller.rendered.decode()
     assert samples(text, "kv_headroom_source_up")["heartbeat"] == up
     assert "heartbeat" in samples(text, "kv_headroom_source_poll_duration_seconds")
+
+
+async def test_a_snapshot_is_rendered_once_by_the_first_scrape_that_asks(
+    fake_vllm: FakeVllm, make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    rendered: list[object] = []
+    real = render_counted
+
+    def counting(snapshot: Snapshot) -> tuple[bytes, dict[str, int]]:
+        rendered.append(snapshot)
+        return real(snapshot)
+
+    monkeypatch.setattr(poller_module, "render_counted", counting)
+    await rig.poll(times=3)
+    assert rendered == []  # the polls left it to the scrapes
+    first, second = rig.poller.rendered, rig.poller.rendered
+    assert first is second
+    assert rendered == [rig.poller.snapshot]
+
+
+async def test_a_bug_while_rendering_serves_the_last_rendered_snapshot_with_vllm_down(
+    fake_vllm: FakeVllm, make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll()
+    assert samples(rig.text, "kv_headroom_source_up")["vllm"] == 1
+    real = render_counted
+    await rig.poll()
+    bad = rig.poller.snapshot
+
+    def broken(snapshot: Snapshot) -> tuple[bytes, dict[str, int]]:
+        if snapshot is bad:
+            raise ZeroDivisionError("a bug in rendering")
+        return real(snapshot)
+
+    monkeypatch.setattr(poller_module, "render_counted", broken)
+    with structlog.testing.capture_logs() as logs:
+        text = rig.text  # the scrape is answered, not failed
+    assert samples(text, "kv_headroom_source_up")["vllm"] == 0
+    failed = [e["error"] for e in logs if e["event"] == "poll_failed"]
+    assert failed
+    assert "ZeroDivisionError" in failed[0]
