@@ -77,6 +77,7 @@ def bench_parse() -> dict[str, Any]:
 
     def cold(text: str) -> None:
         vllm_page._LABEL_CACHE.clear()  # as on the first poll: every label set is new
+        vllm_page._CACHE_CONFIGS.clear()
         parse_page(text)
 
     for label, text in (("1 engine", PAGE), ("8 engines", engines(PAGE, 8))):

@@ -349,7 +349,8 @@ def engine_view(
     plan: Plan | None,
     max_model_len: int | None,
     recent: Sequence[Observation] = (),
-) -> EngineView:
+    points: Sequence[Point] | None = None,  # today's history keeps them: ignored, as main
+) -> EngineView:  # gathered them from the observations (below)
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
     layout: Layout | None = None

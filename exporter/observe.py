@@ -16,7 +16,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import add, attrgetter
 
 from exporter.capacity.histogram import Histogram, histogram_delta
 from exporter.risk.model import Point
@@ -64,9 +64,11 @@ def _add(total: Histogram | None, delta: Histogram | None) -> Histogram | None:
         return total
     if total is None or total.bounds != delta.bounds:
         return delta
+    if len(total.counts) != len(delta.counts):
+        raise ValueError("_add: bucket counts of different lengths")
     return Histogram(
         total.bounds,
-        tuple(a + b for a, b in zip(total.counts, delta.counts, strict=True)),
+        tuple(map(add, total.counts, delta.counts)),  # map() in C: one call a histogram
         total.sum + delta.sum,
         total.count + delta.count,
     )
@@ -234,6 +236,7 @@ def fold(folder: Folder, now: float, page: VllmPage | None) -> Fold:
 
 
 _TIME = attrgetter("time")
+_T = attrgetter("t")
 
 
 class History:
@@ -242,6 +245,10 @@ class History:
     def __init__(self, keep_seconds: float, max_len: int) -> None:
         self._keep = keep_seconds
         self._ring: deque[Observation] = deque(maxlen=max_len)
+        # Each engine's risk-model points, oldest first, kept as observations come and go:
+        # every poll reads the last minutes of them, and gathering them from the
+        # observations was a scan of the whole ring per engine per poll.
+        self._series: dict[str, deque[Point]] = {}
 
     def __len__(self) -> int:
         return len(self._ring)
@@ -250,14 +257,32 @@ class History:
         return iter(self._ring)
 
     def append(self, obs: Observation) -> None:
+        if len(self._ring) == self._ring.maxlen:
+            self._forget(self._ring[0], oldest=True)  # the ring is about to drop it
         self._ring.append(obs)
+        for engine, point in obs.points.items():
+            self._series.setdefault(engine, deque()).append(point)
         while self._ring and self._ring[0].time < obs.time - self._keep:
-            self._ring.popleft()
+            self._forget(self._ring.popleft(), oldest=True)
 
     def drop_latest(self) -> None:
         """Forget the newest observation (one whose poll failed half-way)."""
         if self._ring:
-            self._ring.pop()
+            self._forget(self._ring.pop(), oldest=False)
+
+    def _forget(self, obs: Observation, *, oldest: bool) -> None:
+        for engine in obs.points:
+            series = self._series[engine]
+            series.popleft() if oldest else series.pop()
+            if not series:
+                del self._series[engine]
+
+    def points(self, engine: str, since: float) -> list[Point]:
+        """One engine's points no older than ``since``, oldest first."""
+        series = self._series.get(engine)
+        if not series:
+            return []
+        return list(itertools.islice(series, bisect_left(series, since, key=_T), None))
 
     @property
     def latest(self) -> Observation | None:

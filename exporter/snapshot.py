@@ -170,6 +170,7 @@ def engine_view(
     plan: Plan | None,
     max_model_len: int | None,
     recent: Sequence[Observation] = (),
+    points: Sequence[Point] | None = None,
 ) -> EngineView:
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
@@ -220,7 +221,8 @@ def engine_view(
     bottleneck = None
     headroom = None
     if not stale and occupancy is not None and recent:
-        points = _points(recent, raw.engine)
+        if points is None:  # the history keeps them; else gathered from the observations
+            points = _points(recent, raw.engine)
         capacity = occupancy.usable_blocks * occupancy.block_size
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt
@@ -320,7 +322,8 @@ def engine_views(
     stale = latest.page is None
     start = history.at_or_after(latest.time - window_seconds)
     max_model_len = deployment.int_("max_model_len") or (plan.max_model_len if plan else None)
-    recent = history.recent(latest.time - RISK_HISTORY_SECONDS)
+    since = latest.time - RISK_HISTORY_SECONDS
+    recent = history.recent(since)
     return tuple(
         engine_view(
             raw,
@@ -331,6 +334,7 @@ def engine_views(
             plan=plan,
             max_model_len=max_model_len,
             recent=recent,
+            points=history.points(raw.engine, since),
         )
         for raw in good.page.engines
     )

@@ -84,3 +84,27 @@ def test_an_observations_points_are_the_risk_models_view_of_each_engine_that_rep
 
 def test_an_observation_without_a_page_has_no_points() -> None:
     assert Observation(0.0, None).points == {}
+
+
+def test_history_keeps_each_engines_points_as_its_observations_come_and_go() -> None:
+    # Engines that come and go, vLLM down in between, the ring bounded by length and by
+    # age, and the newest dropped: the kept points are those a scan of the ring finds.
+    def page(second: int) -> VllmPage | None:
+        if second % 7 == 3:
+            return None  # vLLM did not answer
+        engines = [EngineMetrics("0", running=1, kv_usage=0.1)]
+        if second % 3:
+            engines.append(EngineMetrics("1", running=2, kv_usage=0.2))
+        return VllmPage(tuple(engines))
+
+    h = History(keep_seconds=20, max_len=15)
+    folder = Folder()
+    for second in range(40):
+        folded = fold(folder, float(second), page(second))
+        folder = folded.folder
+        h.append(folded.observation)
+    h.drop_latest()
+    for engine in ("0", "1", "2"):
+        for since in (0.0, 25.0, 30.5, 38.0, 39.0):
+            scanned = [o.points[engine] for o in h.recent(since) if engine in o.points]
+            assert h.points(engine, since) == scanned

@@ -321,6 +321,29 @@ def _cache_config(labels: Mapping[str, str], limited: dict[str, int]) -> CacheCo
     return CacheConfig.from_labels({k: _cut(labels[k], limited) for k in keys})
 
 
+# cache_config_info's labels change only when vLLM restarts: each label set is typed once
+# (bounded like the label cache), with what its cuts counted against the limits.
+_CACHE_CONFIGS: dict[str, tuple[CacheConfig, dict[str, int]]] = {}
+_CACHE_CONFIGS_MAX = 64
+
+
+def _cache_config_cached(
+    label_text: str, labels: Mapping[str, str], limited: dict[str, int]
+) -> CacheConfig:
+    hit = _CACHE_CONFIGS.get(label_text)
+    if hit is None:
+        counted: dict[str, int] = {}
+        hit = (_cache_config(labels, counted), counted)
+        if len(label_text) <= _LABEL_CACHE_TEXT_MAX:
+            if len(_CACHE_CONFIGS) >= _CACHE_CONFIGS_MAX:
+                _CACHE_CONFIGS.clear()
+            _CACHE_CONFIGS[label_text] = hit
+    config, counted = hit
+    for limit, n in counted.items():
+        limited[limit] = limited.get(limit, 0) + n
+    return config
+
+
 class _Engine:
     __slots__ = ("buckets", "fields", "hist_count", "hist_sum", "model_name", "seen", "summed")
 
@@ -387,7 +410,7 @@ def parse_page(text: str) -> VllmPage:
             limited["engines"] = limited.get("engines", 0) + 1
             continue
         if name == _CACHE_CONFIG:
-            cache_configs[key] = _cache_config(labels, limited)
+            cache_configs[key] = _cache_config_cached(label_text, labels, limited)
             continue
         value = _value(value_text)
         eng = engines.get(key)
