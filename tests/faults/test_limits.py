@@ -65,9 +65,14 @@ async def test_a_limit_reached_is_one_event_until_it_clears(
 ) -> None:
     scripted.page = lambda: with_engines(MAX_ENGINES + 6)
     sidecar = await make_sidecar(scripted.url)
-    await sidecar.poll(3)
+    # A limit bites when an exposition leaves something out: each poll is scraped.
+    for _ in range(3):
+        await sidecar.poll(1)
+        await sidecar.scrape()
     scripted.page = lambda: PREEMPTED
-    await sidecar.poll(2)
+    for _ in range(2):
+        await sidecar.poll(1)
+        await sidecar.scrape()
     assert [e["event"] for e in sidecar.events if e["event"].startswith("limit_")] == [
         "limit_reached",
         "limit_cleared",
