@@ -124,6 +124,7 @@ class ArchRun:
     risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
     readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
+    unanswered: int = 0  # the watcher's reads of the sidecar that got no answer in time
 
     @property
     def started(self) -> float:
@@ -150,10 +151,35 @@ class StackRun:
     alerts: dict[tuple[str, str], list[list[float | None]]] = field(default_factory=dict)
     quiet_at: float | None = None  # when none of the two alerts fired any more
     load_stopped: float = 0.0
+    unanswered: int = 0  # reads of Prometheus's alerts that got no answer in time
 
     def first(self, alert: str, run: ArchRun) -> float | None:
         episodes = self.alerts.get((alert, run.sidecar), [])
         return episodes[0][0] if episodes else None
+
+
+# The watchers below read every second from processes on a 2-core machine that two vLLM
+# engines keep busy: one read that gets no answer within its 5 s (Prometheus or the sidecar
+# starved of CPU for a moment) costs a sample, not the run. Answers missing this long do.
+MISSING_LIMIT_S = 60.0
+
+
+class _Answers:
+    """A watcher's reads: how many went unanswered, and for how long in a row."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.missed = what, 0
+        self._since: float | None = None
+
+    def answered(self) -> None:
+        self._since = None
+
+    def unanswered(self, error: Exception) -> None:
+        self.missed += 1
+        now = time.monotonic()
+        since = self._since = self._since or now
+        if now - since > MISSING_LIMIT_S:
+            raise RuntimeError(f"{self.what}: no answer for {MISSING_LIMIT_S:.0f} s ({error})")
 
 
 async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
@@ -209,9 +235,18 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
     await _probe(server, sidecar, run)
     done = asyncio.Event()
 
+    answers = _Answers(f"{arch.name} sidecar /metrics")
+
     async def watch() -> None:
         while not done.is_set():
-            text = await asyncio.to_thread(sidecar.metrics)
+            try:
+                text = await asyncio.to_thread(sidecar.metrics)
+            except AssertionError as e:
+                answers.unanswered(e)
+                run.unanswered = answers.missed
+                await asyncio.sleep(1.0)
+                continue
+            answers.answered()
             now = time.time()
             run.readings.append(reading(now, text))
             risk = run.readings[-1].risk
@@ -240,8 +275,16 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
 
 async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) -> None:
     ours = (IMMINENT, PREEMPTING)
+    answers = _Answers("Prometheus /api/v1/alerts")
     while not stop.is_set():
-        alerts = await asyncio.to_thread(prom.api, "alerts")
+        try:
+            alerts = await asyncio.to_thread(prom.api, "alerts")
+        except RuntimeError as e:
+            answers.unanswered(e)
+            run.unanswered = answers.missed
+            await asyncio.sleep(1.0)
+            continue
+        answers.answered()
         now = time.time()
         firing = {
             (a["labels"]["alertname"], a["labels"].get("instance", ""))
@@ -325,7 +368,7 @@ def summary(run: StackRun) -> str:
             f"{expected:,.0f}); risk while safe at most {max(a.safe_risk, default=0):.2f}; "
             f"first preemption counted {first - a.started:.0f} s into the "
             f"run, {a.preemptions:g} in all; risk alert {lead} before it; in Prometheus "
-            f"{IMMINENT} {prom_lead} before {PREEMPTING}"
+            f"{IMMINENT} {prom_lead} before {PREEMPTING}; {a.unanswered} reads unanswered"
             if tokens is not None and blocks is not None and expected is not None and first
             else f"{name}: incomplete run"
         )
@@ -333,4 +376,5 @@ def summary(run: StackRun) -> str:
         lines.append(
             f"both alerts resolved {run.quiet_at - run.load_stopped:.0f} s after the load stopped"
         )
+    lines.append(f"Prometheus's alerts: {run.unanswered} reads unanswered")
     return "\n".join(lines)
