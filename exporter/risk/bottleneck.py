@@ -17,8 +17,9 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``kv_cache`` — the free tokens do not hold a typical prompt.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
-* ``none`` — nobody waits, or only requests that arrived since the last poll (a queue is
-  one that a second poll still sees).
+* ``none`` — nobody waits, or only requests that arrived since the last poll and go
+  within the next steps (a new queue no longer than the engine admitted over the last
+  poll interval, nor than the batch it runs).
 """
 
 from __future__ import annotations
@@ -59,16 +60,27 @@ def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int
 
 
 def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
-    """What the gauge shows: ``bottleneck`` once a second poll still sees the queue.
+    """What the gauge shows: ``bottleneck``, unless the queue is only requests that
+    arrived since the last poll and go within the engine's next steps.
 
-    A request that arrived since the last poll waits for the engine's next step: a poll
-    that catches it between two steps sees no queue (on a busy server with no queue at all,
-    one poll in a few reads a waiting request). With a single poll there is nothing to
-    tell them apart, and it counts. The risk model takes ``classify``'s answer as it is:
-    for a burst that just arrived, what it will wait on matters at once."""
-    if bottleneck.resource != "none" and len(points) >= 2 and points[-2].waiting < 1:
-        waiting = points[-1].waiting
-        return Bottleneck("none", f"{waiting:,.0f} waiting, none at the poll before")
+    On a busy server with no queue at all, one poll in a few catches a request between two
+    steps. Such a queue is new (the poll before saw none) and short: no longer than the
+    engine admitted over the last poll interval, nor than the batch it runs (a step's
+    token budget admits about a batch's worth). A new queue longer than both (a burst into
+    a prefill-bound server: 54 waiting, 2 running) is one at once. With a single poll there
+    is nothing to go by, and it counts. The risk model takes ``classify``'s answer as it
+    is: for a burst that just arrived, what it will wait on matters at once."""
+    if bottleneck.resource == "none" or len(points) < 2 or points[-2].waiting >= 1:
+        return bottleneck
+    before, last = points[-2], points[-1]
+    # Requests that started since the poll before: the ones now running or finished since.
+    admitted = (last.finished + last.running) - (before.finished + before.running)
+    if last.waiting <= max(admitted, last.running):
+        return Bottleneck(
+            "none",
+            f"{last.waiting:,.0f} waiting, none at the poll before; {admitted:,.0f} admitted "
+            f"since and {last.running:,.0f} running: they go within the next steps",
+        )
     return bottleneck
 
 

@@ -57,6 +57,16 @@ def test_the_gauge_shows_a_queue_a_second_poll_still_sees() -> None:
     assert settled(classify(pts, CAPACITY, 64, 1500), pts).resource == "compute"
 
 
+def test_the_gauge_shows_a_burst_at_once_though_the_poll_before_saw_no_queue() -> None:
+    # Real vLLM (e2e): a wave of 56 prompts into an idle, prefill-bound server; the poll
+    # after it reads 2 running and 54 waiting. Nothing admits 54 by the next step.
+    pts = polls(60, usage=0.0, running=0, waiting=0)
+    p = pts[-1]
+    pts[-1] = Point(p.t, 0.11, 2, 54, pts[-2].finished, p.generated, 0, prompt=p.prompt,
+                    preemptions=0.0)  # fmt: skip
+    assert settled(classify(pts, CAPACITY, 64, 1500), pts).resource == "compute"
+
+
 def test_the_gauge_shows_a_queue_at_the_first_poll() -> None:
     # Nothing before it to tell a queue from a request between steps (a cold start).
     first = polls(60, usage=0.1, running=6, waiting=58)[:1]
