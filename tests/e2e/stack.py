@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
 from tests.conftest import FIXTURES
@@ -162,6 +162,7 @@ class StackRun:
 # engines keep busy: one read that gets no answer within its 5 s (Prometheus or the sidecar
 # starved of CPU for a moment) costs a sample, not the run. Answers missing this long do.
 MISSING_LIMIT_S = 60.0
+T = TypeVar("T")
 
 
 class _Answers:
@@ -171,15 +172,22 @@ class _Answers:
         self.what, self.missed = what, 0
         self._since: float | None = None
 
-    def answered(self) -> None:
+    async def read(self, fn: Callable[[], T], errors: type[Exception]) -> T | None:
+        """``fn()`` in a thread; None, after a second's pause, when it got no answer."""
+        try:
+            result = await asyncio.to_thread(fn)
+        except errors as error:
+            self.missed += 1
+            now = time.monotonic()
+            since = self._since = self._since or now
+            if now - since > MISSING_LIMIT_S:
+                raise RuntimeError(
+                    f"{self.what}: no answer for {MISSING_LIMIT_S:.0f} s ({error})"
+                ) from None
+            await asyncio.sleep(1.0)
+            return None
         self._since = None
-
-    def unanswered(self, error: Exception) -> None:
-        self.missed += 1
-        now = time.monotonic()
-        since = self._since = self._since or now
-        if now - since > MISSING_LIMIT_S:
-            raise RuntimeError(f"{self.what}: no answer for {MISSING_LIMIT_S:.0f} s ({error})")
+        return result
 
 
 async def _probe(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
@@ -239,14 +247,10 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
 
     async def watch() -> None:
         while not done.is_set():
-            try:
-                text = await asyncio.to_thread(sidecar.metrics)
-            except AssertionError as e:
-                answers.unanswered(e)
-                run.unanswered = answers.missed
-                await asyncio.sleep(1.0)
+            text = await answers.read(sidecar.metrics, AssertionError)
+            run.unanswered = answers.missed
+            if text is None:
                 continue
-            answers.answered()
             now = time.time()
             run.readings.append(reading(now, text))
             risk = run.readings[-1].risk
@@ -277,14 +281,10 @@ async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) ->
     ours = (IMMINENT, PREEMPTING)
     answers = _Answers("Prometheus /api/v1/alerts")
     while not stop.is_set():
-        try:
-            alerts = await asyncio.to_thread(prom.api, "alerts")
-        except RuntimeError as e:
-            answers.unanswered(e)
-            run.unanswered = answers.missed
-            await asyncio.sleep(1.0)
+        alerts = await answers.read(lambda: prom.api("alerts"), RuntimeError)
+        run.unanswered = answers.missed
+        if alerts is None:
             continue
-        answers.answered()
         now = time.time()
         firing = {
             (a["labels"]["alertname"], a["labels"].get("instance", ""))
