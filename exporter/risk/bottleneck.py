@@ -13,7 +13,8 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``kv_cache`` — vLLM preempted in the last ``WINDOW_SECONDS``: the cache is full. Cure:
   more KV (fp8 KV, memory, TP).
 * ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
-  first). Cure: raise it (if the cache holds that many sequences) or scale out.
+  first), less the slots its last step freed and its next step refills. Cure: raise it
+  (if the cache holds that many sequences) or scale out.
 * ``kv_cache`` — the free tokens do not hold a typical prompt.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
@@ -24,6 +25,7 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,6 +86,22 @@ def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
     return bottleneck
 
 
+def _freed_last_step(points: Sequence[Point]) -> int:
+    """Slots that requests finishing in the engine's last step freed, and its next step
+    refills: a poll lands between two steps, so a batch held at ``max_num_seqs`` reads
+    that many short. Steps per interval = tokens generated ÷ requests running (each running
+    request decodes a token a step); finished per step = finished ÷ steps, rounded up."""
+    if len(points) < 2:
+        return 0
+    before, last = points[-2], points[-1]
+    finished = last.finished - before.finished
+    generated = last.generated - before.generated
+    running = (last.running + before.running) / 2
+    if finished <= 0 or generated <= 0 or running <= 0:
+        return 0
+    return math.ceil(finished * running / generated)
+
+
 def classify(
     points: Sequence[Point],
     capacity_tokens: float,
@@ -120,7 +138,7 @@ def classify(
                 f"{waiting}; vLLM preempted {preempted:,.0f} times in the last "
                 f"{last.t - first.t:.0f} s ({last.usage:.0%} of the cache used)",
             )
-    if max_num_seqs is not None and last.running >= max_num_seqs:
+    if max_num_seqs is not None and last.running + _freed_last_step(points) >= max_num_seqs:
         return Bottleneck(
             "max_num_seqs",
             f"{waiting}; {last.running:,.0f} running = max_num_seqs {max_num_seqs:,} "
