@@ -54,7 +54,6 @@ from exporter.risk.model import (
 )
 from exporter.snapshot import (
     EngineView,
-    _points,
     _recent_histogram,
     _window_histogram,
     _window_ratio,
@@ -339,6 +338,11 @@ def assess(inputs: Inputs) -> Risk:
 # The snapshot's engine view (exporter/snapshot.py at 1ae06a7).
 
 
+def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
+    """Main's way: the engine's points gathered from the recent observations each poll."""
+    return [p for obs in recent if (p := obs.points.get(engine)) is not None]
+
+
 def engine_view(
     raw: EngineMetrics,
     *,
@@ -349,8 +353,8 @@ def engine_view(
     plan: Plan | None,
     max_model_len: int | None,
     recent: Sequence[Observation] = (),
-    points: Sequence[Point] | None = None,  # today's history keeps them: ignored, as main
-) -> EngineView:  # gathered them from the observations (below)
+    points: Sequence[Point] = (),  # today's history keeps them: ignored, as main gathered
+) -> EngineView:  # them from the observations (below)
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
     layout: Layout | None = None

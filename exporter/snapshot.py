@@ -170,7 +170,7 @@ def engine_view(
     plan: Plan | None,
     max_model_len: int | None,
     recent: Sequence[Observation] = (),
-    points: Sequence[Point] | None = None,
+    points: Sequence[Point] = (),
 ) -> EngineView:
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
@@ -221,14 +221,12 @@ def engine_view(
     bottleneck = None
     headroom = None
     if not stale and occupancy is not None and recent:
-        if points is None:  # the history keeps them; else gathered from the observations
-            points = _points(recent, raw.engine)
         capacity = occupancy.usable_blocks * occupancy.block_size
         recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt
         current = current_epoch(points)
         # What the queue waits on (the risk model's input, at once) and what the gauge says
-        # (a queue once a second poll still sees it).
+        # (``settled``: not a new queue that goes within the next steps).
         cause = classify(
             current,
             capacity,
@@ -306,11 +304,6 @@ def _recent_histogram(
     then = start.totals.get(engine) if start is not None else None
     delta = histogram_delta(getattr(now, name), getattr(then, name) if then else None)
     return delta if delta is not None and delta.count > 0 else None
-
-
-def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
-    """The risk model's view of one engine over the recent observations it answered in."""
-    return [p for obs in recent if (p := obs.points.get(engine)) is not None]
 
 
 def engine_views(
