@@ -10,7 +10,8 @@ and the progress lines of a parallel probe on stderr).
   holds then changes with ``m`` for load reasons, not because another sample was drawn,
   and a bisection has one answer. A copy is another user sending a request like it
   within the next ``COPY_SPREAD_SECONDS``; a conversation is kept or dropped whole and its
-  copies are other conversations (their own prefix-cache keys).
+  copies are other conversations (their own prefix-cache keys); a logged request's copy
+  has prefix blocks of its own, repeating as the original's do.
 * **Holding** — a multiple holds when the replay never preempts and the p95 queue wait
   (arrival to first scheduled, every engine request) stays at or under the bound.
 * **Search** — from 1×: doubling (or halving) until the answer changes, then bisection
@@ -35,7 +36,7 @@ import yaml
 from exporter.capacity.plan import Plan
 from exporter.errors import InputError
 from exporter.simulator.engine import REASONS, Engine, EngineConfig, Request
-from exporter.simulator.requestlog import LogFormat, parse_request_log
+from exporter.simulator.requestlog import LogFormat, copy_hashes, parse_request_log
 from exporter.simulator.scenario import Arrival, Scenario, arrivals, parse_scenario, with_logs
 from exporter.simulator.simulation import engine_config, load_scenario, read_log, submit_arrival
 
@@ -113,7 +114,9 @@ def _copy(a: Arrival, c: int, shift: float) -> Arrival:
     if _conversation(a):
         assert key is not None
         key += c * _COPY_KEY_STRIDE
-    return dataclasses.replace(a, time=a.time + delay, prefix_key=key)
+    # A copy's prompt is its own user's (``copy_hashes``).
+    hashes = copy_hashes(a.block_hashes, c)
+    return dataclasses.replace(a, time=a.time + delay, prefix_key=key, block_hashes=hashes)
 
 
 @dataclass(frozen=True)

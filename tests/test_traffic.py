@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,6 +101,32 @@ def test_a_copied_conversation_is_another_conversation_with_its_turns_in_order()
     assert all(
         0 <= c.time - t.time < COPY_SPREAD_SECONDS for c, t in zip(copies, turns, strict=False)
     )
+
+
+def test_a_copied_request_with_block_hashes_shares_no_prefix_block_with_its_original() -> None:
+    shared_prompt = [
+        Arrival(float(i), 256, 8, prefix_key=1, prefix_len=256, cache_len=256,
+                block_hashes=(5, 6 + i), hash_tokens=128)
+        for i in range(2)
+    ]  # fmt: skip
+    traffic = Traffic.of("t", shared_prompt).at(2.0)
+    originals = [a.block_hashes for a in traffic if a.block_hashes[0] == 5]
+    copies = [a.block_hashes for a in traffic if a.block_hashes[0] != 5]
+    assert len(originals) == len(copies) == 2
+    assert not {h for c in copies for h in c} & {5, 6, 7}
+    assert len({c[0] for c in copies}) == 1  # the copies share their own first block
+
+
+def test_twice_a_hashed_log_costs_about_twice_the_kv_cache_of_once() -> None:
+    """Copies served from the original's prefix cache would cost no KV of their own."""
+    traffic, _ = load_traffic(str(TRACE), columns={"hashes": "hash_ids"}, time_unit="ms")
+    first = Traffic.of("1m", [a for a in traffic.base if a.time < 60.0])
+    # Fast enough that nobody queues: the cache holds what arrives.
+    big = dataclasses.replace(SMALL, num_blocks=200_000, max_model_len=200_000, max_num_seqs=512,
+                              max_num_batched_tokens=65_536, per_prefill_token_s=1e-8)  # fmt: skip
+    once = replay(first, big, 1.0, stop_after=None)
+    twice = replay(first, big, 2.0, stop_after=None)
+    assert twice.p95_kv_usage > 1.6 * once.p95_kv_usage
 
 
 SMALL = EngineConfig(

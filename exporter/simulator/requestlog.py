@@ -11,7 +11,8 @@ problem is one ``InputError`` naming the file, the line and the column.
 ``window`` then cuts and rescales what was read (``TrafficSpec``): the window
 ``[start, start + duration)`` of log time, stretched by ``time_scale``, thinned or
 multiplied by ``rate_scale`` (seeded; ramping linearly to ``rate_scale_to`` over the
-window, so real traffic can grow like a busy morning), repeated end to end with ``loop``.
+window, so real traffic can grow like a busy morning; a copy is another user's request,
+with its own session and prefix blocks), repeated end to end with ``loop``.
 """
 
 from __future__ import annotations
@@ -247,5 +248,18 @@ def window(
 
 
 def _at(r: LoggedRequest, t: float, copy: int) -> LoggedRequest:
-    session = r.session if copy == 0 or r.session is None else f"{r.session}#{copy}"
-    return LoggedRequest(t, r.prompt, r.output, r.n, session, r.hashes)
+    if copy == 0:
+        return LoggedRequest(t, r.prompt, r.output, r.n, r.session, r.hashes)
+    # A copy is another user's: its own session and prompt content (prefix-block
+    # hashes), which repeat within the copy as the original's repeat within the log.
+    session = None if r.session is None else f"{r.session}#{copy}"
+    return LoggedRequest(t, r.prompt, r.output, r.n, session, copy_hashes(r.hashes, copy))
+
+
+def copy_hashes(hashes: tuple[int, ...], copy: int) -> tuple[int, ...]:
+    """The prefix-block hashes of copy ``copy`` (≥ 1) of a request: the same pattern of
+    repeats, none of the original's blocks. Kept as they are, every copy would be served
+    from the original's prefix cache and share its KV blocks: scaled traffic would seem
+    to cost almost nothing more. Deterministic (a tuple of ints hashes the same in every
+    process)."""
+    return tuple(hash((h, copy)) for h in hashes)

@@ -113,6 +113,22 @@ def test_rate_scale_above_one_adds_copies_in_time_order() -> None:
     assert out == sorted(out)
 
 
+def test_a_copy_of_a_logged_request_has_prefix_blocks_of_its_own_repeating_as_its_originals() -> (
+    None
+):
+    records = [
+        LoggedRequest(0.0, 64, 8, hashes=(1, 2)),
+        LoggedRequest(1.0, 96, 8, hashes=(1, 2, 3)),
+    ]
+    out = list(window(records, TrafficSpec(rate_scale=2.0), 0, 1e9))
+    originals = [r.hashes for r in out if set(r.hashes) <= {1, 2, 3}]
+    copies = [r.hashes for r in out if not set(r.hashes) & {1, 2, 3}]
+    assert sorted(originals) == [(1, 2), (1, 2, 3)]
+    assert len(copies) == 2
+    shorter, longer = sorted(copies, key=len)
+    assert longer[:2] == shorter  # the copy's second request extends its first's prefix
+
+
 def test_thinning_keeps_or_drops_a_session_whole() -> None:
     records = [LoggedRequest(float(t), 100, 10, session=str(t % 50)) for t in range(500)]
     kept = list(window(records, TrafficSpec(rate_scale=0.5), 3, 1e9))
