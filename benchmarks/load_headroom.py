@@ -20,8 +20,13 @@ With ``--brute-force`` it also checks ``plan --traffic``'s search on a real requ
 grid around the answer is replayed, and the largest grid multiple below the first
 failure is compared with the search's answer (target: within 10 %).
 
+With ``--misjudge-steps 2,1`` the sidecar takes a prompt token to cost twice what the
+simulated GPU spends on it (and a token of context ``1``×): how far the ratio moves when
+the datasheet step times are wrong for a GPU. ``--truths-from`` reuses the true multiples
+of an earlier JSON run, which do not depend on the sidecar.
+
     python benchmarks/load_headroom.py [--seeds N] [--window 5m] [--plot docs/img]
-        [--brute-force] [--output json]
+        [--brute-force] [--output json] [--truths-from RUN.json] [--misjudge-steps P,K]
 """
 
 from __future__ import annotations
@@ -32,16 +37,17 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.capacity.arch import parse_config
-from exporter.capacity.gpus import lookup_gpu
-from exporter.capacity.plan import PlanRequest, plan
+from exporter.capacity.gpus import Gpu, lookup_gpu
+from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
+from exporter.capacity.steptime import StepTimes, step_times
 from exporter.log import configure
 from exporter.simulator.engine import EngineConfig
 from exporter.simulator.replay import Replay, replay
@@ -115,8 +121,44 @@ def below_one_since(rep: Replay, hold: float) -> float | None:
     return None
 
 
+def misjudge_steps(prefill: float, kv: float) -> None:
+    """Make the sidecar in this process take a prompt token ``prefill`` times and a token
+    of context ``kv`` times as long as the simulated GPU does: how the live ratio fares
+    when the datasheet step times (``exporter.capacity.steptime``) are wrong for a GPU."""
+    import exporter.snapshot
+
+    def misjudged(sized: Plan, gpu: Gpu | None = None) -> StepTimes:
+        st = step_times(sized, gpu)
+        return dataclasses.replace(
+            st,
+            per_prefill_token_s=st.per_prefill_token_s * prefill,
+            per_kv_token_s=st.per_kv_token_s * kv,
+        )
+
+    setattr(exporter.snapshot, "step_times", misjudged)  # noqa: B010 - the patch is the point
+
+
+Truths = Mapping[tuple[str, int, float], tuple[float | None, str]]
+
+
+def truths_from(path: Path) -> Truths:
+    """The true multiples of an earlier ``--output json`` run, by scenario, seed and window
+    start: they depend on the traffic and the deployment only, not on the sidecar."""
+    runs = json.loads(path.read_text())["runs"]
+    return {
+        (r["name"], r["seed"], w["start_seconds"]): (w["true"], w["true_binding"])
+        for r in runs
+        for w in r["windows"]
+    }
+
+
 def evaluate_scenario(
-    scenario: Scenario, window: float, precision: float, bound: float, hold: float
+    scenario: Scenario,
+    window: float,
+    precision: float,
+    bound: float,
+    hold: float,
+    truths: Truths | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     rep = replay(scenario)
@@ -126,7 +168,8 @@ def evaluate_scenario(
     start = 0.0
     while start + window <= scenario.duration + 1e-6:
         live, live_resource = live_at(rep, start + window - 60.0, start + window)
-        truth, binding = true_multiple(
+        known = truths.get((scenario.name, scenario.seed, start)) if truths else None
+        truth, binding = known or true_multiple(
             window_traffic(traffic, start, window), config, precision, bound
         )
         windows.append(
@@ -324,8 +367,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--brute-force", action="store_true")
     parser.add_argument("--plot", type=Path, help="write load-headroom-accuracy.png here")
     parser.add_argument("--output", choices=("table", "json"), default="table")
+    reuse = "reuse the true multiples of an earlier --output json run"
+    parser.add_argument("--truths-from", type=Path, help=reuse)
+    misjudge = "the sidecar's prompt-token and context-token times × these"
+    parser.add_argument("--misjudge-steps", metavar="PREFILL,KV", help=misjudge)
     args = parser.parse_args(argv)
     configure("error", "json", sys.stderr)
+    truths = truths_from(args.truths_from) if args.truths_from else None
+    if args.misjudge_steps:
+        prefill, kv = (float(x) for x in args.misjudge_steps.split(","))
+        misjudge_steps(prefill, kv)
     window = parse_duration(args.window, "--window", "")
     library = [] if args.no_library else [n for n in builtin_names() if n != "demo"]
     scenarios = [load_scenario(n) for n in library] + [load_scenario(f) for f in args.scenario]
@@ -334,7 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     runs = []
     for s in scenarios:
-        runs.append(evaluate_scenario(s, window, args.precision, args.max_queue_wait, args.hold))
+        runs.append(
+            evaluate_scenario(s, window, args.precision, args.max_queue_wait, args.hold, truths)
+        )
         print(f"{s.name} seed {s.seed}: {runs[-1]['wall_seconds']} s", file=sys.stderr)
     result: dict[str, Any] = {"summary": summarise(runs)}
     if args.brute_force:

@@ -24,6 +24,7 @@ from exporter.capacity.live import (
     ratio,
 )
 from exporter.capacity.plan import Plan
+from exporter.capacity.steptime import step_times
 from exporter.deployment import Resolved
 from exporter.metrics import (
     _PREFIX_CACHE,
@@ -431,8 +432,8 @@ def engine_view(
         headroom = load_headroom(
             risk,
             inputs,
-            kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
-            weights_bytes=plan.tightest.weights if plan is not None else None,
+            steps=step_times(plan) if plan is not None else None,
+            prefix_hit_ratio=hit_ratio or 0.0,
         )
 
     return EngineView(

@@ -27,6 +27,7 @@ from exporter.capacity.live import (
 from exporter.capacity.memory import requested_memory
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
+from exporter.capacity.steptime import step_times
 from exporter.config import Deployment
 from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
@@ -250,8 +251,8 @@ def engine_view(
         headroom = load_headroom(
             risk,
             inputs,
-            kv_bytes_per_token=plan.kv_bytes_per_token if plan is not None else None,
-            weights_bytes=plan.tightest.weights if plan is not None else None,
+            steps=step_times(plan) if plan is not None else None,
+            prefix_hit_ratio=hit_ratio or 0.0,
         )
 
     return EngineView(

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.load_headroom import below_one_since, summarise, window_traffic
+from benchmarks.load_headroom import (
+    below_one_since,
+    misjudge_steps,
+    summarise,
+    truths_from,
+    window_traffic,
+)
+from exporter.capacity.steptime import step_times
 from exporter.simulator.replay import Replay, Tick
 from exporter.simulator.scenario import Arrival
-from exporter.simulator.simulation import load_scenario
+from exporter.simulator.simulation import load_scenario, size
 from exporter.traffic import Traffic
 
 
@@ -62,3 +71,25 @@ def test_a_window_is_its_arrivals_from_zero_repeated() -> None:
     traffic = Traffic.of("t", [Arrival(float(t), 100, 10) for t in range(0, 100, 10)])
     piece = window_traffic(traffic, 20.0, 30.0, laps=2)
     assert [a.time for a in piece.base] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+
+
+def test_truths_of_an_earlier_run_are_found_by_scenario_seed_and_window(tmp_path: Path) -> None:
+    earlier = {"runs": [{"name": "s", "seed": 3, "windows": [
+        {"start_seconds": 300.0, "true": 2.5, "true_binding": "compute"}]}]}  # fmt: skip
+    (tmp_path / "run.json").write_text(json.dumps(earlier))
+    assert truths_from(tmp_path / "run.json") == {("s", 3, 300.0): (2.5, "compute")}
+
+
+def test_a_misjudging_sidecar_takes_the_asked_multiple_of_the_step_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import exporter.snapshot
+
+    monkeypatch.setattr(exporter.snapshot, "step_times", step_times)  # restored after
+    planned = size(load_scenario("steady")).plan
+    misjudge_steps(2.0, 0.5)
+    wrong = exporter.snapshot.step_times(planned)  # type: ignore[attr-defined]
+    right = step_times(planned)
+    assert wrong.per_prefill_token_s == pytest.approx(2 * right.per_prefill_token_s)
+    assert wrong.per_kv_token_s == pytest.approx(0.5 * right.per_kv_token_s)
+    assert wrong.base_s == right.base_s

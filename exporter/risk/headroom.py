@@ -20,14 +20,20 @@ of the two is the ratio; its resource is the one that binds first. Above 1 there
 (2 = twice today's traffic fits); at 1 the preemption risk crosses its alert line (or
 the batch is full); below 1 the traffic already exceeds what the pod holds.
 
-Slower steps: a larger batch makes each decode step slower (it reads more KV), so requests
-live longer and the occupancy grows faster than the arrival rate. Decode is memory-bound:
-a step reads the weights once and each token of context once, so with the deployment's
-KV bytes per token and weights the share of a step spent on KV is known, and the rate
-multiple that grows the occupancy ``g``-fold is ``g ÷ (1 − share + share·g)``
-(``rate_for_growth``); without them the growth is taken as linear. What it leaves out:
-prefill compute (``max_num_batched_tokens``), which can bind before either — the benchmark
-(``benchmarks/load_headroom.py``) measures how far that takes the ratio from the truth.
+Slower steps: a busier engine steps more slowly, so requests live longer and the
+occupancy grows faster than the arrival rate. With the deployment's step times
+(``exporter.capacity.steptime``: a step reads the weights and every token of context it
+attends to, and computes the prompt tokens scheduled into it), two shares of today's
+step are known. The KV read's share ``s`` of a decode step grows with the occupancy;
+the rate multiple that grows the occupancy ``g``-fold is ``g ÷ (1 − s + s·g)``
+(``rate_for_growth``). Prefill's share ``u`` of the engine's time (prompt tokens computed
+per second, those the prefix cache served left out, × the time a prompt token takes)
+grows with the rate itself: steps stretch by ``(1 − u) ÷ (1 − m·u)``, and the same
+Little's-law algebra gives the rate multiple for an occupancy growth ``A`` (already
+slowed by ``s``) as ``A ÷ (1 − u + u·A)`` — never above ``1 ÷ u``, where prefill alone
+would keep the GPU busy. Both apply to the batch as they do to the cache. Without step
+times the growth is taken as linear. The benchmark (``benchmarks/load_headroom.py``)
+measures how far the ratio lands from the truth found by replay.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from exporter.capacity.steptime import StepTimes
 from exporter.risk.model import (
     LEVEL_SECONDS,
     QUEUE_SECONDS,
@@ -76,22 +83,28 @@ def ceiling_fits(inputs: Inputs) -> bool:
     return touch is not None and touch <= 1.0 - _NORMAL.cdf(Z_HALF)
 
 
-def kv_read_share(level_tokens: float, kv_bytes_per_token: float, weights_bytes: float) -> float:
-    """The share of a decode step spent reading the KV cache: decode is memory-bound and
-    each step reads the weights once and every token of context once."""
-    kv = max(0.0, level_tokens) * kv_bytes_per_token
-    total = kv + max(0.0, weights_bytes)
+def kv_read_share(level_tokens: float, steps: StepTimes) -> float:
+    """The share of a decode step spent reading the KV cache at an occupancy of
+    ``level_tokens``: what grows with the occupancy."""
+    kv = max(0.0, level_tokens) * steps.per_kv_token_s
+    total = kv + steps.base_s
     return kv / total if total > 0 else 0.0
+
+
+def prefill_share(prompt_tokens_per_s: float, steps: StepTimes) -> float:
+    """The share of the engine's time spent computing prompts: prompt tokens computed per
+    second × the time one takes (at most 1: a GPU busy with prefill all the time)."""
+    return min(1.0, max(0.0, prompt_tokens_per_s) * steps.per_prefill_token_s)
 
 
 def rate_for_growth(growth: float, share: float) -> float:
     """The arrival-rate multiple at which the occupancy (and the batch) grows ``growth``
-    times, when a step spends ``share`` of its time reading the KV cache.
+    times, when ``share`` of today's step time grows in proportion.
 
     Little's law: occupancy = rate × token-steps per request × step time, and the step
-    time is ``(1 − share) + share × growth`` times today's (the weights cost the same,
-    the KV read grows with the occupancy). So ``growth = m × (1 − share + share ×
-    growth)``, and ``m = growth ÷ (1 − share + share × growth)``."""
+    time is ``(1 − share) + share × growth`` times today's. So ``growth = m × (1 − share
+    + share × growth)``, and ``m = growth ÷ (1 − share + share × growth)``. The same form
+    turns an occupancy growth into a rate when ``share`` is prefill's share of the time."""
     if math.isinf(growth):
         return math.inf if share <= 0 else 1.0 / share
     return growth / (1.0 - share + share * growth)
@@ -101,13 +114,14 @@ def load_headroom(
     risk: Risk,
     inputs: Inputs,
     *,
-    kv_bytes_per_token: float | None = None,
-    weights_bytes: float | None = None,
+    steps: StepTimes | None = None,
+    prefix_hit_ratio: float = 0.0,
 ) -> LoadHeadroom | None:
     """The traffic multiple the engine holds, from the risk model's forecast and the
     batch; None without traffic to scale (nothing running, waiting or held). With the
-    deployment's KV bytes per token and weights (per GPU), a larger batch's slower steps
-    are counted (``rate_for_growth``)."""
+    deployment's step times (per GPU), a busier engine's slower steps are counted: the
+    prompt tokens it computed over the level's window, less the share the prefix cache
+    served (``prefix_hit_ratio``), give prefill's share of its time."""
     points, capacity_tokens, max_num_seqs = (
         inputs.points,
         inputs.capacity_tokens,
@@ -117,18 +131,31 @@ def load_headroom(
         return None
     last = points[-1]
     pts = current_epoch(points)
-    level = [p.running for p in pts[since(pts, last.t - LEVEL_SECONDS) :]]
+    window = pts[since(pts, last.t - LEVEL_SECONDS) :]
+    level = [p.running for p in window]
     queue = [p.waiting for p in pts[since(pts, last.t - QUEUE_SECONDS) :]]
     demand = sum(level) / len(level) + sum(queue) / len(queue)
     if risk.level_tokens <= 0 and demand <= 0:
         return None
-    share = 0.0
-    if kv_bytes_per_token and weights_bytes:
-        share = kv_read_share(risk.level_tokens, kv_bytes_per_token, weights_bytes)
-    kv = rate_for_growth(kv_multiple(risk.level_tokens, risk.spread_tokens, capacity_tokens), share)
+    kv_share = prefill = 0.0
+    if steps is not None:
+        kv_share = kv_read_share(risk.level_tokens, steps)
+        first = window[0]
+        if last.prompt is not None and first.prompt is not None and last.t > first.t:
+            computed = (last.prompt - first.prompt) * (1.0 - min(1.0, max(0.0, prefix_hit_ratio)))
+            prefill = prefill_share(computed / (last.t - first.t), steps)
+
+    def rate(growth: float) -> float:
+        slowed = rate_for_growth(growth, kv_share)
+        # Prefill's share only ever lowers the multiple. Below 1 (the traffic is already
+        # over) it would lift it towards 1, all the way at a GPU busy with prefill all
+        # the time, and "over" would read as "just full".
+        return min(slowed, rate_for_growth(slowed, prefill))
+
+    kv = rate(kv_multiple(risk.level_tokens, risk.spread_tokens, capacity_tokens))
     if ceiling_fits(inputs):
         kv = math.inf
-    seqs = rate_for_growth(max_num_seqs / demand, share) if max_num_seqs and demand > 0 else None
+    seqs = rate(max_num_seqs / demand) if max_num_seqs and demand > 0 else None
     if seqs is not None and seqs < kv:
         return LoadHeadroom(seqs, "max_num_seqs", kv, seqs)
     if math.isinf(kv):

@@ -18,6 +18,7 @@ from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import GIB, Gpu, lookup_gpu
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
+from exporter.capacity.steptime import step_times
 from exporter.errors import InputError
 from exporter.simulator.engine import REASONS, Engine, EngineConfig, Request
 from exporter.simulator.page import cache_config_labels, render_page
@@ -132,16 +133,12 @@ def size(scenario: Scenario) -> Sizing:
 
 
 def step_time_model(sized: Plan, gpu: Gpu) -> dict[str, float]:
-    """Step times from the GPU's datasheet: a decode step reads the weights and the KV
-    it attends to (memory-bound, at 75 % of peak bandwidth); prefill tokens cost
-    2 × parameters FLOPs each (at 45 % of peak); 3 ms of scheduling per step."""
-    bandwidth = gpu.memory_bandwidth * 0.75
-    weights = sized.tightest.weights or sized.request.weights_bytes or 0
-    params = weights / 2
+    """The engine's step times for a deployment, from the GPU's datasheet (``steptime``)."""
+    steps = step_times(sized, gpu)
     return {
-        "step_base_s": weights / bandwidth + 0.003,
-        "per_prefill_token_s": 2 * params / (gpu.bf16_flops * 0.45),
-        "per_kv_token_s": sized.kv_bytes_per_token / bandwidth,
+        "step_base_s": steps.base_s,
+        "per_prefill_token_s": steps.per_prefill_token_s,
+        "per_kv_token_s": steps.per_kv_token_s,
     }
 
 

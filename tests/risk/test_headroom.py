@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from exporter.risk.headroom import kv_multiple, kv_read_share, load_headroom, rate_for_growth
+from exporter.capacity.steptime import StepTimes
+from exporter.risk.headroom import (
+    kv_multiple,
+    kv_read_share,
+    load_headroom,
+    prefill_share,
+    rate_for_growth,
+)
 from exporter.risk.model import ALERT_THRESHOLD, IDLE, Z_HALF, Inputs, Point, Risk, assess
 from tests.risk.test_model import GENERATION, PROMPT, history, inputs
 
@@ -95,17 +102,70 @@ def test_slower_steps_leave_less_rate_than_occupancy_growth() -> None:
     assert rate_for_growth(3.0, 1 / 3) == pytest.approx(3.0 / (5 / 3))
 
 
-def test_the_kv_read_share_is_the_kv_bytes_over_all_bytes_a_step_reads() -> None:
-    # 10,000 tokens × 100 kB = 1 GB of KV next to 3 GB of weights.
-    assert kv_read_share(10_000, 100_000, 3e9) == pytest.approx(0.25)
+# Llama-3.1-8B-like on an H100-like GPU: 20 ms a step for the weights, 0.05 µs per token
+# of context read, 40 µs per prompt token computed.
+STEPS = StepTimes(base_s=0.02, per_prefill_token_s=40e-6, per_kv_token_s=0.05e-6)
+
+
+def test_the_kv_read_share_is_the_kv_time_over_the_whole_decode_step() -> None:
+    # 400,000 tokens × 0.05 µs = 20 ms of KV next to 20 ms for the weights.
+    assert kv_read_share(400_000, STEPS) == pytest.approx(0.5)
+
+
+def test_the_prefill_share_is_the_prompt_tokens_computed_per_second_times_a_tokens_time() -> None:
+    assert prefill_share(5_000, STEPS) == pytest.approx(0.2)
+
+
+def test_the_prefill_share_is_at_most_the_whole_time() -> None:
+    assert prefill_share(50_000, STEPS) == 1.0
+
+
+def test_prefill_at_share_u_lets_the_rate_grow_at_most_one_over_u() -> None:
+    assert rate_for_growth(1e12, 0.25) == pytest.approx(4.0, rel=1e-6)
+    assert rate_for_growth(math.inf, 0.25) == pytest.approx(4.0)
 
 
 def test_a_deployment_whose_steps_slow_down_holds_less_traffic() -> None:
     given = steady(running=20)
     plain = load_headroom(risk(20_000.0, 1_000.0), given)
-    slowing = load_headroom(
-        risk(20_000.0, 1_000.0), given, kv_bytes_per_token=131_072, weights_bytes=16e9
-    )
+    slowing = load_headroom(risk(20_000.0, 1_000.0), given, steps=STEPS)
     assert plain is not None
     assert slowing is not None
     assert 1 < slowing.ratio < plain.ratio
+
+
+def prompted(running: float, prompt_per_s: float) -> Inputs:
+    """Steady traffic whose engine computes ``prompt_per_s`` prompt tokens a second."""
+    points = [
+        Point(t, 0.5, running, 0.0, t, 10 * t, 0, prompt=prompt_per_s * t) for t in range(0, 120, 2)
+    ]
+    return Inputs(points, 100_000.0, 16, 256, PROMPT, GENERATION)
+
+
+def test_an_engine_busy_computing_prompts_holds_less_traffic() -> None:
+    idle = load_headroom(risk(20_000.0, 1_000.0), prompted(20, 0.0), steps=STEPS)
+    busy = load_headroom(risk(20_000.0, 1_000.0), prompted(20, 10_000.0), steps=STEPS)
+    assert idle is not None
+    assert busy is not None
+    assert busy.ratio < idle.ratio
+    assert busy.ratio < 1 / prefill_share(10_000.0, STEPS)
+
+
+def test_prompts_the_prefix_cache_served_cost_no_prefill_time() -> None:
+    given = prompted(20, 10_000.0)
+    idle = load_headroom(risk(20_000.0, 1_000.0), prompted(20, 0.0), steps=STEPS)
+    cached = load_headroom(risk(20_000.0, 1_000.0), given, steps=STEPS, prefix_hit_ratio=1.0)
+    assert idle is not None
+    assert cached is not None
+    assert cached.ratio == pytest.approx(idle.ratio)
+
+
+def test_prefill_never_lifts_a_ratio_below_one_towards_one() -> None:
+    # The forecast is over the cache already; the GPU computes prompts all the time.
+    over = risk(120_000.0, 1_000.0)
+    without = load_headroom(over, prompted(20, 0.0), steps=STEPS)
+    saturated = load_headroom(over, prompted(20, 25_000.0), steps=STEPS)
+    assert without is not None
+    assert saturated is not None
+    assert saturated.ratio == pytest.approx(without.ratio)
+    assert saturated.ratio < 1
