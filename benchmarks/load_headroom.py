@@ -209,6 +209,8 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ]
     above = [(lv, tr, b, real) for lv, tr, b, real in pairs if tr > 1.2]
     errors = sorted(abs(lv - tr) / tr for lv, tr, _, _ in above)
+    live_above = [(lv, tr) for lv, tr, _, _ in pairs if lv > 1.2]
+    live_errors = sorted(abs(lv - tr) / tr for lv, tr in live_above)
     by_binding: dict[str, list[float]] = {}
     # Real-traffic and synthetic scenarios apart: their errors have opposite signs.
     by_traffic: dict[str, list[float]] = {}
@@ -228,6 +230,13 @@ def summarise(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "windows_compared": len(pairs),
         "windows_true_above_1_2": len(above),
         "relative_error": {"median": q(errors, 0.5), "p75": q(errors, 0.75), "p90": q(errors, 0.9)},
+        # The "while it is above 1.2" read as the live ratio: what an autoscaler sees.
+        "windows_live_above_1_2": len(live_above),
+        "relative_error_live_above_1_2": {
+            "median": q(live_errors, 0.5),
+            "p75": q(live_errors, 0.75),
+            "p90": q(live_errors, 0.9),
+        },
         "signed_error_median": q(sorted((lv - tr) / tr for lv, tr, _, _ in above), 0.5),
         "relative_error_by_true_binding": {
             b: {"windows": len(v), "median": q(sorted(v), 0.5)} for b, v in by_binding.items()

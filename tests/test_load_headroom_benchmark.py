@@ -39,6 +39,12 @@ def test_the_error_counts_only_windows_whose_truth_is_above_one_point_two() -> N
     assert result["relative_error"]["median"] == pytest.approx(0.5)
 
 
+def test_the_error_is_also_reported_over_windows_whose_live_ratio_is_above_one_point_two() -> None:
+    result = summarise([run(None, None, [(2.2, 2.0), (3.0, 1.0), (0.1, 1.5)])])
+    assert result["windows_live_above_1_2"] == 2
+    assert result["relative_error_live_above_1_2"]["median"] == pytest.approx(2.0)
+
+
 def test_real_traffic_and_synthetic_errors_are_reported_apart_with_their_sign() -> None:
     real = {**run(None, None, [(1.0, 2.0), (1.5, 2.0)]), "real_traffic": True}
     synthetic = run(None, None, [(3.0, 2.0)])
