@@ -19,8 +19,9 @@ which its next turn's prompt starts with).
 The engine also records why the head of the waiting queue is not admitted, step by step
 (``reason``, ``reason_changes``, ``reason_seconds``) — vLLM does not export this, so it is
 the ground truth a bottleneck gauge is checked against: ``kv_cache`` (its blocks are not
-free, or a running request was preempted this step), ``max_num_seqs`` (the batch is
-full), ``compute`` (the step's ``max_num_batched_tokens`` are spent), ``stalled``
+free, a running request was preempted this step, or the step's token budget went partly
+to recomputing preempted requests), ``max_num_seqs`` (the batch is full), ``compute``
+(the step's ``max_num_batched_tokens`` are spent on new work), ``stalled``
 (admission is stopped by a fault: ``stalled = True``), ``none`` (nobody waits).
 
 Between events — an arrival, a request finishing, the pool running short, an observation
@@ -344,6 +345,15 @@ class Engine:
             reason = "kv_cache"
         else:
             budget, reason = self._admit(budget, scheduled)
+            # A spent budget is the cache's doing when part of it went to recomputing
+            # preempted requests (with room for them, those tokens were the queue's), or
+            # when the queue's head would not fit the free blocks either: the budget is
+            # renewed every step, blocks only as requests finish.
+            if reason == "compute" and (
+                any(r.preemptions and r.num_tokens - r.num_computed > 1 for r, _ in scheduled)
+                or not self._admissible(self.waiting[0])
+            ):
+                reason = "kv_cache"
         start = self.now
         self._execute(scheduled)
         self._note(reason, self.now - start, at=start)

@@ -42,6 +42,30 @@ def test_a_spent_token_budget_reads_compute() -> None:
     assert e.reason == "compute"
 
 
+def test_a_spent_budget_with_a_head_the_free_blocks_would_not_hold_reads_kv_cache() -> None:
+    e = engine(num_blocks=71, max_num_batched_tokens=256)  # 70 usable blocks
+    e.submit(800, 4)  # 50 blocks, prefilled 256 tokens (16 blocks) a step
+    e.submit(1000, 4)  # 63 blocks: the 54 left after the first step do not hold it
+    e.step()
+    assert e.waiting
+    assert e.reason == "kv_cache"
+
+
+def test_a_budget_spent_recomputing_a_preempted_request_reads_kv_cache() -> None:
+    e = engine(num_blocks=21, max_num_batched_tokens=32)  # 20 usable blocks
+    e.submit(150, 15)  # needs an 11th block at its 11th token: the last one goes
+    b = e.submit(150, 200)[0]
+    while not b.preemptions:
+        e.step()
+    e.submit(8, 4)  # would fit any free block; waits behind b's recompute
+    while b not in e.running:
+        e.step()
+    e.step()  # b recomputes its context 32 tokens a step, the budget's all
+    assert b.num_computed < b.num_tokens - 1
+    assert e.waiting
+    assert e.reason == "kv_cache"
+
+
 def test_blocks_too_few_for_the_head_read_kv_cache() -> None:
     e = engine(num_blocks=41)  # 40 usable blocks, 640 tokens
     e.submit(400, 200)
