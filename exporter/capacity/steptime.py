@@ -6,7 +6,7 @@ memory-bound, at ``BANDWIDTH_EFFICIENCY`` of the peak bandwidth. A prompt token 
 dense bf16 peak. Every step adds ``STEP_OVERHEAD_S`` of scheduling and launch time.
 The simulator's engine steps on these figures; the sidecar's load headroom uses the
 same ones to tell how much slower a busier engine's steps get. The efficiencies are
-assumptions, not measurements of any one deployment (see docs/risk-model.md).
+assumptions, not measurements of any one deployment (see docs/traffic-headroom.md).
 """
 
 from __future__ import annotations
