@@ -31,6 +31,7 @@ class Reading:
     history: float | None
     preemptions: float | None  # what the sidecar itself has seen
     bottleneck: str | None  # the resource whose gauge reads 1
+    load_headroom: float | None = None  # absent without traffic
 
     def row(self, since: float) -> str:
         def f(x: float | None, spec: str) -> str:
@@ -40,7 +41,7 @@ class Reading:
             f"{self.t - since:6.1f}s risk {f(self.risk, '.2f')} usage {f(self.usage, '.2f')} "
             f"running {f(self.running, 'g')} waiting {f(self.waiting, 'g')} "
             f"history {f(self.history, '.0f')}s preemptions {f(self.preemptions, 'g')} "
-            f"bottleneck {self.bottleneck or '-'}"
+            f"bottleneck {self.bottleneck or '-'} load headroom {f(self.load_headroom, '.2f')}"
         )
 
 
@@ -58,6 +59,7 @@ def reading(t: float, text: str) -> Reading:
         history=v("risk_history_seconds"),
         preemptions=v("preemptions_total"),
         bottleneck=binding[0] if len(binding) == 1 else None,
+        load_headroom=v("load_headroom_ratio"),
     )
 
 

@@ -127,6 +127,19 @@ def test_the_risk_alert_fires_before_vllm_counts_its_first_preemption(arch: Arch
     assert fired < preempted
 
 
+def test_the_load_headroom_falls_below_one_before_vllm_counts_its_first_preemption(
+    arch: ArchRun,
+) -> None:
+    preempted = arch.first_preemption
+    assert preempted is not None, "the workload never made vLLM preempt"
+    said = "sidecar's gauges, seconds into the run:\n" + timeline(
+        arch.readings, arch.started, preempted
+    )
+    below = [r.t for r in arch.readings if r.load_headroom is not None and r.load_headroom < 1]
+    assert below, said
+    assert below[0] < preempted, said
+
+
 def test_prometheus_fires_imminent_before_preempting(stack: StackRun, arch: ArchRun) -> None:
     imminent, preempting = stack.first(IMMINENT, arch), stack.first(PREEMPTING, arch)
     assert preempting is not None, stack.alerts
