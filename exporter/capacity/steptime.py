@@ -2,8 +2,8 @@
 
 A decode step reads the weights once and every token of context it attends to once:
 memory-bound, at ``BANDWIDTH_EFFICIENCY`` of the peak bandwidth. A prompt token costs
-2 × parameters FLOPs (a multiply and an add per weight) at ``COMPUTE_EFFICIENCY`` of the
-dense bf16 peak. Every step adds ``STEP_OVERHEAD_S`` of scheduling and launch time.
+2 FLOPs (a multiply and an add) per parameter it passes through — an MoE's active experts
+only — at ``COMPUTE_EFFICIENCY`` of the dense bf16 peak. Every step adds ``STEP_OVERHEAD_S`` of scheduling and launch time.
 The simulator's engine steps on these figures; the sidecar's load headroom uses the
 same ones to tell how much slower a busier engine's steps get. The efficiencies are
 assumptions, not measurements of any one deployment (see docs/traffic-headroom.md).
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from exporter.capacity.gpus import Gpu
 from exporter.capacity.plan import Plan
+from exporter.capacity.weights import count_params
 
 BANDWIDTH_EFFICIENCY = 0.75  # share of peak memory bandwidth a decode step achieves
 COMPUTE_EFFICIENCY = 0.45  # share of peak bf16 FLOP/s a prefill achieves
@@ -32,12 +33,19 @@ class StepTimes:
 
 
 def step_times(sized: Plan, gpu: Gpu | None = None) -> StepTimes:
-    """The step times of a planned deployment (on ``gpu``, else the plan's GPU), per GPU
-    of its tightest pipeline stage. Parameters are taken as half the weight bytes (bf16)."""
+    """The step times of a planned deployment (on ``gpu``, else the plan's GPU), per GPU.
+
+    A prompt token's FLOPs count the parameters it passes through (an MoE's active
+    experts, not all of them; every parameter of a quantized model, whatever its bytes),
+    split over the TP × PP GPUs; without a parameter count, half the weight bytes (bf16).
+    """
     gpu = gpu or sized.request.gpu
     bandwidth = gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY
     weights = sized.tightest.weights or sized.request.weights_bytes or 0
-    params = weights / 2
+    req = sized.request
+    count = count_params(req.arch)
+    gpus = req.tensor_parallel_size * req.pipeline_parallel_size
+    params = count.active / gpus if count is not None else weights / 2
     return StepTimes(
         base_s=weights / bandwidth + STEP_OVERHEAD_S,
         per_prefill_token_s=2 * params / (gpu.bf16_flops * COMPUTE_EFFICIENCY),

@@ -33,11 +33,19 @@ class ParamCount:
     layers: tuple[LayerParams, ...]
     final_norm: int
     vision: int = 0  # a vision tower, loaded with the first stage
+    expert_share: float = 1.0  # the share of routed experts one token is sent to
 
     @property
     def total(self) -> int:
         body = sum(p.attention + p.mlp + p.norms + p.experts for p in self.layers)
         return self.embed + self.lm_head + body + self.final_norm + self.vision
+
+    @property
+    def active(self) -> int:
+        """The parameters one text token passes through: of the routed experts only those
+        it is sent to, and not the vision tower."""
+        routed = sum(p.experts for p in self.layers)
+        return round(self.total - self.vision - routed * (1.0 - self.expert_share))
 
 
 def count_params(arch: ModelArch) -> ParamCount | None:
@@ -57,7 +65,8 @@ def count_params(arch: ModelArch) -> ParamCount | None:
         layers.append(LayerParams(_attention_params(arch, layer, h, heads), mlp, 2 * h, experts))
     embed = vocab * h
     lm_head = 0 if arch.tie_word_embeddings else embed
-    return ParamCount(embed, lm_head, tuple(layers), h, arch.vision_params)
+    share = arch.moe.experts_per_token / arch.moe.num_experts if arch.moe else 1.0
+    return ParamCount(embed, lm_head, tuple(layers), h, arch.vision_params, min(1.0, share))
 
 
 def _attention_params(arch: ModelArch, layer: LayerKV, h: int, heads: int) -> int:

@@ -75,6 +75,19 @@ def test_moe_counts_every_expert() -> None:
     assert abs(estimate(fixture_config("Qwen__Qwen3-30B-A3B")) / 2 / 30.5e9 - 1) < 0.02
 
 
+def test_a_token_passes_through_an_moes_active_experts_only() -> None:
+    # Qwen3-30B-A3B: "A3B", about 3.3 billion parameters active per token.
+    params = count_params(parse_config(fixture_config("Qwen__Qwen3-30B-A3B"), "model"))
+    assert params is not None
+    assert abs(params.active / 3.3e9 - 1) < 0.05
+
+
+def test_a_dense_models_active_parameters_are_all_of_them() -> None:
+    params = count_params(parse_config(LLAMA, "model"))
+    assert params is not None
+    assert params.active == params.total
+
+
 def test_mla_counts_the_low_rank_projections() -> None:
     # DeepSeek-V3's FP8 checkpoint: 671B parameters, about 1 byte each (bf16 embeddings).
     assert abs(estimate(fixture_config("deepseek-ai__DeepSeek-V3")) / 671e9 - 1) < 0.03
