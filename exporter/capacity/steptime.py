@@ -3,10 +3,11 @@
 A decode step reads the weights once and every token of context it attends to once:
 memory-bound, at ``BANDWIDTH_EFFICIENCY`` of the peak bandwidth. A prompt token costs
 2 FLOPs (a multiply and an add) per parameter it passes through — an MoE's active experts
-only — at ``COMPUTE_EFFICIENCY`` of the dense bf16 peak. Every step adds ``STEP_OVERHEAD_S`` of scheduling and launch time.
-The simulator's engine steps on these figures; the sidecar's load headroom uses the
-same ones to tell how much slower a busier engine's steps get. The efficiencies are
-assumptions, not measurements of any one deployment (see docs/traffic-headroom.md).
+only — at ``COMPUTE_EFFICIENCY`` of the dense bf16 peak. Every step adds
+``STEP_OVERHEAD_S`` of scheduling and launch time. The simulator's engine steps on these
+figures; the sidecar's load headroom uses the same ones to tell how much slower a busier
+engine's steps get. The efficiencies are assumptions, not measurements of any one
+deployment (see docs/traffic-headroom.md).
 """
 
 from __future__ import annotations
