@@ -11,7 +11,7 @@ from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.capacity.steptime import COMPUTE_EFFICIENCY, step_times
-from exporter.capacity.weights import count_params
+from exporter.capacity.weights import ParamCount, count_params
 from tests.conftest import fixture_config
 
 
@@ -23,22 +23,27 @@ def planned(model: str, tp: int = 1) -> Plan:
     )  # fmt: skip
 
 
-def test_a_prompt_token_costs_two_flops_per_parameter_at_the_assumed_efficiency() -> None:
-    sized = planned("meta-llama__Llama-3.1-8B-Instruct")
+FLOPS = lookup_gpu("H100-80GB").bf16_flops * COMPUTE_EFFICIENCY  # what a prefill achieves
+
+
+def params_of(sized: Plan) -> ParamCount:
     params = count_params(sized.request.arch)
     assert params is not None
-    flops = lookup_gpu("H100-80GB").bf16_flops * COMPUTE_EFFICIENCY
-    assert step_times(sized).per_prefill_token_s == pytest.approx(2 * params.total / flops)
+    return params
+
+
+def test_a_prompt_token_costs_two_flops_per_parameter_at_the_assumed_efficiency() -> None:
+    sized = planned("meta-llama__Llama-3.1-8B-Instruct")
+    expected = 2 * params_of(sized).total / FLOPS
+    assert step_times(sized).per_prefill_token_s == pytest.approx(expected)
 
 
 def test_an_moe_prompt_token_costs_its_active_experts_only() -> None:
     moe = planned("Qwen__Qwen3-30B-A3B")
-    params = count_params(moe.request.arch)
-    assert params is not None
     # Every expert's weights are read by a busy decode step, but a token computes 8 of 128.
-    flops = lookup_gpu("H100-80GB").bf16_flops * COMPUTE_EFFICIENCY
-    assert step_times(moe).per_prefill_token_s == pytest.approx(2 * params.active / flops)
-    assert step_times(moe).per_prefill_token_s < 0.2 * 2 * params.total / flops
+    prefill = step_times(moe).per_prefill_token_s
+    assert prefill == pytest.approx(2 * params_of(moe).active / FLOPS)
+    assert prefill < 0.2 * 2 * params_of(moe).total / FLOPS
 
 
 def test_tensor_parallel_gpus_share_a_prompt_tokens_work() -> None:
@@ -56,6 +61,4 @@ def test_without_a_parameter_count_half_the_weight_bytes_stand_in() -> None:
     bare = dataclasses.replace(sized.request.arch, vocab_size=0)
     assert count_params(bare) is None
     blind = dataclasses.replace(sized, request=dataclasses.replace(sized.request, arch=bare))
-    flops = lookup_gpu("H100-80GB").bf16_flops * COMPUTE_EFFICIENCY
-    weights = sized.tightest.weights
-    assert step_times(blind).per_prefill_token_s == pytest.approx(weights / flops)
+    assert step_times(blind).per_prefill_token_s == pytest.approx(sized.tightest.weights / FLOPS)
