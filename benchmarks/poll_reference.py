@@ -24,7 +24,6 @@ from exporter.capacity.live import (
     ratio,
 )
 from exporter.capacity.plan import Plan
-from exporter.capacity.steptime import step_times
 from exporter.deployment import Resolved
 from exporter.metrics import (
     _PREFIX_CACHE,
@@ -56,6 +55,7 @@ from exporter.risk.model import (
 from exporter.snapshot import (
     EngineView,
     _recent_histogram,
+    _step_times_of,
     _window_histogram,
     _window_ratio,
     observed_capacity_tokens,
@@ -432,7 +432,7 @@ def engine_view(
         headroom = load_headroom(
             risk,
             inputs,
-            steps=step_times(plan) if plan is not None else None,
+            steps=_step_times_of(plan) if plan is not None else None,
             prefix_hit_ratio=hit_ratio or 0.0,
         )
 

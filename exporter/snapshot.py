@@ -27,7 +27,7 @@ from exporter.capacity.live import (
 from exporter.capacity.memory import requested_memory
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
-from exporter.capacity.steptime import step_times
+from exporter.capacity.steptime import StepTimes, step_times
 from exporter.config import Deployment
 from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
@@ -251,7 +251,7 @@ def engine_view(
         headroom = load_headroom(
             risk,
             inputs,
-            steps=step_times(plan) if plan is not None else None,
+            steps=_step_times_of(plan) if plan is not None else None,
             prefix_hit_ratio=hit_ratio or 0.0,
         )
 
@@ -385,6 +385,20 @@ def deployment_of(history: History, readings: Readings, config: Deployment) -> R
         cmdline=cmdline,
         config=overrides,
     )
+
+
+# Step times per plan object: the expected plan stays one object while the deployment
+# holds (``_plan_or_why``), and counting its parameters each poll cost ~50 µs an engine.
+_STEP_TIMES: dict[int, tuple[Plan, StepTimes]] = {}
+
+
+def _step_times_of(plan: Plan) -> StepTimes:
+    entry = _STEP_TIMES.get(id(plan))
+    if entry is None or entry[0] is not plan:  # the plan is held: its id is not reused
+        if len(_STEP_TIMES) >= 32:
+            _STEP_TIMES.clear()
+        entry = _STEP_TIMES[id(plan)] = (plan, step_times(plan))
+    return entry[1]
 
 
 @functools.lru_cache(maxsize=32)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.simulator.replay import replay
-from exporter.simulator.simulation import load_scenario
+from exporter.simulator.simulation import load_scenario, size
+from exporter.snapshot import _step_times_of
 
 
 def test_a_ramp_to_overload_loses_its_headroom_before_it_preempts() -> None:
@@ -24,3 +25,12 @@ def test_the_binding_resource_is_named_with_the_ratio() -> None:
     assert ticks
     assert {t.load_headroom_resource for t in ticks} <= {"kv_cache", "max_num_seqs"}
     assert ticks[-1].load_headroom_resource == "max_num_seqs"
+
+
+def test_a_plans_step_times_are_worked_out_once_and_a_new_plan_gets_its_own() -> None:
+    planned = size(load_scenario("steady")).plan
+    first = _step_times_of(planned)
+    assert _step_times_of(planned) is first  # no parameter count each poll
+    other = dataclasses.replace(planned)
+    assert _step_times_of(other) is not first
+    assert _step_times_of(other) == first
