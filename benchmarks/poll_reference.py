@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.capacity.histogram import Histogram
+from exporter.capacity.histogram import Histogram, histogram_delta
 from exporter.capacity.kvcache import Layout
 from exporter.capacity.live import (
     Occupancy,
@@ -33,7 +33,7 @@ from exporter.metrics import (
     _sample_prefix,
     floatToGoString,
 )
-from exporter.observe import Observation, Totals
+from exporter.observe import History, Observation, Totals
 from exporter.risk.bottleneck import classify
 from exporter.risk.headroom import load_headroom
 from exporter.risk.model import (
@@ -53,8 +53,9 @@ from exporter.risk.model import (
     Risk,
 )
 from exporter.snapshot import (
+    RISK_HISTORY_SECONDS,
+    RISK_MIX_SECONDS,
     EngineView,
-    _recent_histogram,
     _step_times_of,
     _window_histogram,
     _window_ratio,
@@ -339,6 +340,18 @@ def assess(inputs: Inputs) -> Risk:
 # The snapshot's engine view (exporter/snapshot.py at 1ae06a7).
 
 
+def _recent_histogram(
+    recent: Sequence[Observation], engine: str, now: Totals | None, name: str
+) -> Histogram | None:
+    if now is None or not recent:
+        return None
+    cutoff = recent[-1].time - RISK_MIX_SECONDS
+    start = next((o for o in recent if o.time >= cutoff), None)
+    then = start.totals.get(engine) if start is not None else None
+    delta = histogram_delta(getattr(now, name), getattr(then, name) if then else None)
+    return delta if delta is not None and delta.count > 0 else None
+
+
 def _points(recent: Sequence[Observation], engine: str) -> list[Point]:
     """Main's way: the engine's points gathered from the recent observations each poll."""
     return [p for obs in recent if (p := obs.points.get(engine)) is not None]
@@ -470,6 +483,35 @@ def engine_view(
             if plan is not None and num_blocks is not None and plan.cap.num_blocks
             else None
         ),
+    )
+
+
+def engine_views(
+    history: History, window_seconds: float, deployment: Resolved, plan: Plan | None
+) -> tuple[EngineView, ...]:
+    """exporter/snapshot.py's at ea148d5 (the last version that calls this file's
+    engine_view): the recent observations gathered as a list each poll."""
+    latest, good = history.latest, history.last_good()
+    if latest is None or good is None or good.page is None:
+        return ()
+    stale = latest.page is None
+    start = history.at_or_after(latest.time - window_seconds)
+    max_model_len = deployment.int_("max_model_len") or (plan.max_model_len if plan else None)
+    since = latest.time - RISK_HISTORY_SECONDS
+    recent = history.recent(since)
+    return tuple(
+        engine_view(
+            raw,
+            stale=stale,
+            now_totals=latest.totals.get(raw.engine),
+            then_totals=start.totals.get(raw.engine) if start is not None else None,
+            deployment=deployment,
+            plan=plan,
+            max_model_len=max_model_len,
+            recent=recent,
+            points=history.points(raw.engine, since),
+        )
+        for raw in good.page.engines
     )
 
 

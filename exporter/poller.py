@@ -69,6 +69,7 @@ class Poller:
         self._limits_hit: set[str] = set()
         self._poll_failure: str | None = None
         self._last_deployment: Mapping[str, object] = {}
+        self._last_resolved: Resolved | None = None  # the same object while nothing changed
         self._last_expected_note = ""
         self._missing: tuple[str, ...] = ()
         self.snapshot = snapshots.empty(self._deps.clock(), self._states())
@@ -194,11 +195,12 @@ class Poller:
         return self._rendered
 
     async def _run_stage(self, stage: Stage, now: float) -> None:
-        """The stage's sources concurrently, each timed, guarded and marked on its own."""
-        runs = [self._run_one(s, now) for s in self._sources if s.stage is stage]
+        """The stage's due sources concurrently, each timed, guarded and marked on its own
+        (one not due keeps its last health)."""
+        runs = [self._run_one(s, now) for s in self._sources if s.stage is stage and _due(s, now)]
         if len(runs) == 1:  # nothing to run beside it: no task to create and schedule
             await runs[0]
-        else:
+        elif runs:
             await asyncio.gather(*runs)
 
     async def _run_one(self, source: Source, now: float) -> None:
@@ -246,6 +248,9 @@ class Poller:
 
     def _resolve(self) -> Resolved:
         resolved = snapshots.deployment_of(self.history, self.readings, self.config.deployment)
+        if resolved is self._last_resolved:
+            return resolved
+        self._last_resolved = resolved
         if dict(resolved.values) != self._last_deployment:
             changed = {
                 k: f"{v} ({resolved.origin[k]})"
@@ -292,6 +297,13 @@ class Poller:
         for source in self._sources:
             if isinstance(source, NvmlSource):
                 await source.close()
+
+
+def _due(source: Source, now: float) -> bool:
+    try:
+        return source.due(now)
+    except Exception:  # a bug there: poll it anyway, and its poll says what is wrong
+        return True
 
 
 def _one_line(e: BaseException) -> str:

@@ -25,14 +25,13 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import bcrypt
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from exporter.config import Config
 from exporter.poller import Poller, PollerDeps
-from exporter.sources.vllm import VllmClient
+from exporter.sources.vllm import VllmClient, client_session
 from exporter.status import status_page
 from exporter.trail import trail_of
 from exporter.webconfig import RateLimit, WebConfig, allowed_san
@@ -237,8 +236,7 @@ def create_app(
     app[GZIP] = _Gzip()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=4, force_close=False)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with client_session() as session:
             client = VllmClient(
                 session,
                 config.vllm_url,

@@ -9,8 +9,10 @@ here, so the collector only formats.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from exporter.capacity.gpus import GIB
 from exporter.capacity.histogram import Histogram, histogram_delta
@@ -40,12 +42,39 @@ from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GpuMemory
 from exporter.sources.vllm_page import CacheConfig, EngineMetrics
 
+if TYPE_CHECKING:
+    from exporter.sources.cmdline import Flags
+    from exporter.sources.vllm import ModelCard
+
 __all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build", "deployment_of"]
 
 # What vLLM uses on a GPU outside its budget: the CUDA context (≈0.5 GiB on H100s),
 # and before 0.20 the CUDA-graph pool too (not subtracted from the budget then).
 CUDA_CONTEXT_BYTES = GIB // 2
 RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
+
+_T = TypeVar("_T")
+
+
+class _Recent(Generic[_T]):
+    """The results of a function for its last few inputs. An input matches when it is the
+    same object, else when it is equal: the page parser, the sources and the plan cache
+    hand back the same objects while nothing changed, so a poll's check is a few ``is``
+    tests, and an input rebuilt equal still matches. Some figures are worked out from the
+    deployment alone and it changes only when vLLM or the sidecar restarts; redoing them
+    every poll was ~70 µs an engine. A few entries, not one: pollers in one process each
+    find theirs."""
+
+    def __init__(self, size: int = 8) -> None:
+        self._entries: deque[tuple[tuple[object, ...], _T]] = deque(maxlen=size)
+
+    def get(self, key: tuple[object, ...], make: Callable[[], _T]) -> _T:
+        for held, value in self._entries:
+            if all(a is b or a == b for a, b in zip(held, key, strict=True)):
+                return value
+        value = make()
+        self._entries.append((key, value))
+        return value
 
 
 @dataclass(frozen=True)
@@ -170,7 +199,7 @@ def engine_view(
     deployment: Resolved,
     plan: Plan | None,
     max_model_len: int | None,
-    recent: Sequence[Observation] = (),
+    mix_start: Observation | None = None,
     points: Sequence[Point] = (),
 ) -> EngineView:
     cc = raw.cache_config or CacheConfig()
@@ -221,9 +250,9 @@ def engine_view(
     risk = None
     bottleneck = None
     headroom = None
-    if not stale and occupancy is not None and recent:
+    if not stale and occupancy is not None and mix_start is not None:
         capacity = occupancy.usable_blocks * occupancy.block_size
-        recent_prompt = _recent_histogram(recent, raw.engine, now_totals, "prompt_len")
+        recent_prompt = _recent_histogram(mix_start, raw.engine, now_totals, "prompt_len")
         typical = recent_prompt or prompt
         current = current_epoch(points)
         # What the queue waits on (the risk model's input, at once) and what the gauge says
@@ -243,7 +272,9 @@ def engine_view(
             generation=generation,
             sequences_per_request=seqs_per_request,
             recent_prompt=recent_prompt,
-            recent_generation=_recent_histogram(recent, raw.engine, now_totals, "generation_len"),
+            recent_generation=_recent_histogram(
+                mix_start, raw.engine, now_totals, "generation_len"
+            ),
             bottleneck=cause.resource,
         )
         risk = assess(inputs)
@@ -296,13 +327,13 @@ RISK_MIX_SECONDS = 180.0  # the traffic mix the risk model projects is this rece
 
 
 def _recent_histogram(
-    recent: Sequence[Observation], engine: str, now: Totals | None, name: str
+    start: Observation | None, engine: str, now: Totals | None, name: str
 ) -> Histogram | None:
-    if now is None or not recent:
+    """What finished since ``start`` (the first observation of the last
+    ``RISK_MIX_SECONDS``), or None when nothing did."""
+    if now is None or start is None:
         return None
-    cutoff = recent[-1].time - RISK_MIX_SECONDS
-    start = next((o for o in recent if o.time >= cutoff), None)
-    then = start.totals.get(engine) if start is not None else None
+    then = start.totals.get(engine)
     delta = histogram_delta(getattr(now, name), getattr(then, name) if then else None)
     return delta if delta is not None and delta.count > 0 else None
 
@@ -317,7 +348,8 @@ def engine_views(
     start = history.at_or_after(latest.time - window_seconds)
     max_model_len = deployment.int_("max_model_len") or (plan.max_model_len if plan else None)
     since = latest.time - RISK_HISTORY_SECONDS
-    recent = history.recent(since)
+    # The traffic mix's window starts here: a bisection, not a scan of the last minutes.
+    mix_start = history.at_or_after(latest.time - RISK_MIX_SECONDS)
     return tuple(
         engine_view(
             raw,
@@ -327,7 +359,7 @@ def engine_views(
             deployment=deployment,
             plan=plan,
             max_model_len=max_model_len,
-            recent=recent,
+            mix_start=mix_start,
             points=history.points(raw.engine, since),
         )
         for raw in good.page.engines
@@ -371,34 +403,44 @@ def deployment_of(history: History, readings: Readings, config: Deployment) -> R
     cache_config = None
     if good is not None and good.page is not None and good.page.engines:
         cache_config = good.page.engines[0].cache_config
-    card, flags = readings.card, readings.flags
+    card, flags, version = readings.card, readings.flags, readings.version
+    return _DEPLOYMENTS.get(
+        (cache_config, card, flags, version, config),
+        lambda: _deployment(cache_config, card, flags, version, config),
+    )
+
+
+_DEPLOYMENTS: _Recent[Resolved] = _Recent()
+
+
+def _deployment(
+    cache_config: CacheConfig | None,
+    card: ModelCard | None,
+    flags: Flags | None,
+    version: str | None,
+    config: Deployment,
+) -> Resolved:
     cmdline: dict[str, object] = dict(flags.values) if flags else {}
     if flags and flags.model and "model" not in cmdline:
         cmdline["model"] = flags.model
-    # vars(), not asdict(): the fields are flat, and asdict deep-copies them every poll.
+    # vars(), not asdict(): the fields are flat, and asdict deep-copies them.
     overrides = {k: v for k, v in vars(config).items() if v is not None}
     return resolve(
         cache_config=cache_config,
         max_model_len=card.max_model_len if card else None,
-        version=readings.version,
+        version=version,
         served_model=card.root if card else None,
         cmdline=cmdline,
         config=overrides,
     )
 
 
-# Step times per plan object: the expected plan stays one object while the deployment
-# holds (``_plan_or_why``), and counting its parameters each poll cost ~50 µs an engine.
-_STEP_TIMES: dict[int, tuple[Plan, StepTimes]] = {}
+_STEP_TIMES: _Recent[StepTimes] = _Recent()
 
 
 def _step_times_of(plan: Plan) -> StepTimes:
-    entry = _STEP_TIMES.get(id(plan))
-    if entry is None or entry[0] is not plan:  # the plan is held: its id is not reused
-        if len(_STEP_TIMES) >= 32:
-            _STEP_TIMES.clear()
-        entry = _STEP_TIMES[id(plan)] = (plan, step_times(plan))
-    return entry[1]
+    """The plan's step times; counting its parameters each poll cost ~50 µs an engine."""
+    return _STEP_TIMES.get((plan,), lambda: step_times(plan))
 
 
 @functools.lru_cache(maxsize=32)
@@ -420,6 +462,21 @@ def expected_plan(
     if model is None:
         return None, "no model config: expected capacity needs the model's config.json"
     nvml_gpu = (gpus[0].name, gpus[0].cuda_total_bytes) if gpus else None
+    return _EXPECTED.get(
+        (deployment, model, nvml_gpu, configured_gpu),
+        lambda: _expected(deployment, model, nvml_gpu, configured_gpu),
+    )
+
+
+_EXPECTED: _Recent[tuple[Plan | None, str]] = _Recent()
+
+
+def _expected(
+    deployment: Resolved,
+    model: LoadedModel,
+    nvml_gpu: tuple[str, int] | None,
+    configured_gpu: str | None,
+) -> tuple[Plan | None, str]:
     gpu, gpu_note = gpu_for_plan(
         nvml_gpu, configured_gpu, deployment.int_("kv_cache_memory_bytes") is not None
     )

@@ -66,9 +66,10 @@ import dataclasses
 import functools
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, mul, sub
 from statistics import NormalDist
 
 from exporter.capacity.histogram import Histogram
@@ -204,16 +205,19 @@ def _fit(ts: Sequence[float], ys: Sequence[float]) -> tuple[float, float, list[f
     give a slope of exactly 0, not 1e-12 (a finite time to exhaustion)."""
     n = len(ts)
     mt, my = sum(ts) / n, sum(ys) / n
-    # Lists, not generators, inside sum(): the same values added in the same order,
-    # without a generator frame resumed per point.
-    dt = [t - mt for t in ts]
-    var = sum([d**2 for d in dt])
+    # map() over operator functions, not generators or list comprehensions: the same
+    # values added in the same order, with no Python frame per point.
+    dt = list(map(sub, ts, repeat(mt, n)))
+    var = sum(map(mul, dt, dt))
     if var <= 0:
         return 0.0, my, dt
-    return sum([d * (y - my) for d, y in zip(dt, ys, strict=True)]) / var, my, dt
+    return sum(map(mul, dt, map(sub, ys, repeat(my, n)))) / var, my, dt
 
 
 _TIME = attrgetter("t")
+_USAGE: Callable[[Point], float] = attrgetter("usage")
+_RUNNING: Callable[[Point], float] = attrgetter("running")
+_WAITING: Callable[[Point], float] = attrgetter("waiting")
 
 
 def since(pts: Sequence[Point], t: float) -> int:
@@ -308,7 +312,7 @@ def queued_tokens(
     ``prompt`` is a typical prompt, ``per_request`` what a resident request holds on
     average over its life."""
     last = pts[-1]
-    recent = [p.waiting for p in pts[since(pts, last.t - QUEUE_SECONDS) :]]
+    recent = list(map(_WAITING, pts[since(pts, last.t - QUEUE_SECONDS) :]))
     # Smoothed, but never more than waits now: a queue that has drained adds nothing.
     waiting = min(sum(recent) / len(recent), last.waiting)
     if waiting <= 0 or per_request <= 0:
@@ -321,7 +325,7 @@ def queued_tokens(
     finished = last.finished - first.finished
     if finished > 0 and first.prompt is not None and last.prompt is not None:
         admitted = (last.prompt - first.prompt) / prompt if prompt > 0 else 0.0
-        running = sum([p.running for p in window]) / len(window)
+        running = sum(map(_RUNNING, window)) / len(window)
         target = min(target, running * max(admitted, 0.0) / finished)
     elif bottleneck in ("compute", "max_num_seqs"):
         # No rate yet, but the queue waits for the token budget or a batch slot, not for
@@ -348,8 +352,9 @@ def assess(inputs: Inputs) -> Risk:
     if last.running <= 0 and last.waiting <= 0 and last.usage <= 0 and history < TTE_SECONDS:
         return dataclasses.replace(IDLE, history_seconds=history)
     capacity = inputs.capacity_tokens
-    used = [p.usage * capacity for p in pts]
-    ts = [p.t for p in pts]
+    # Columns by map() over attribute getters: C loops, no Python frame per point.
+    used = list(map(mul, map(_USAGE, pts), repeat(capacity)))
+    ts = list(map(_TIME, pts))
     free = max(0.0, capacity - used[-1])
     # Priors for a server the model has not watched finish anything yet: a request the
     # size of what a running sequence holds now.
@@ -407,7 +412,8 @@ def assess(inputs: Inputs) -> Risk:
     trend_start = len(pts) - len(t_trend)  # the trend window's first point
     finished = pts[-1].finished - pts[trend_start].finished
     span = last.t - t_trend[0]
-    running_mean = sum([p.running for p in pts[trend_start:]]) / len(t_trend)
+    running = list(map(_RUNNING, pts))
+    running_mean = sum(running[trend_start:]) / len(t_trend)
     duration = running_mean * span / finished if finished > 0 else HORIZON
     draws = max(1.0, HORIZON / max(duration, 1.0))
 
@@ -424,17 +430,17 @@ def assess(inputs: Inputs) -> Risk:
     # it is the larger.
     # (Around the late window's means, which its fit above computed.)
     residuals = [u - (mu + late * d) for d, u in zip(dt_late, u_late, strict=True)]
-    observed = math.sqrt(sum([r * r for r in residuals]) / len(residuals))
+    observed = math.sqrt(sum(map(mul, residuals, residuals)) / len(residuals))
     # Swings made by a load that is leaving shrink with it: the occupancy's variance goes
     # with the arrival rate (λ·E[∫size²] for random arrivals) — and with the requests
     # resident, which also fall when the arrivals go on but the requests that made the
     # swings (long ones, a burst) have left: then the swings' own crash, measured as a
     # swing, would raise the risk while the cache empties. The resident count is the
     # last QUEUE_SECONDS' mean against the late window's, and only ever scales down.
-    late_pts = pts[len(pts) - len(t_late) :]
-    now_pts = pts[since(pts, last.t - QUEUE_SECONDS) :]
-    resident_late = sum([p.running for p in late_pts]) / len(late_pts)
-    resident_now = sum([p.running for p in now_pts]) / len(now_pts)
+    late_running = running[len(pts) - len(t_late) :]
+    now_running = running[since(pts, last.t - QUEUE_SECONDS) :]
+    resident_late = sum(late_running) / len(late_running)
+    resident_now = sum(now_running) / len(now_running)
     resident = min(1.0, resident_now / resident_late) if resident_late > 0 else 1.0
     observed *= math.sqrt(min(slowing, resident))
     spread = max(theory, observed)

@@ -61,6 +61,11 @@ class Source(Protocol):
     stage: Stage
     reports_health: bool
 
+    def due(self, now: float) -> bool:
+        """Has this poll work for the source? A stage starts only those that have: a task
+        for a source with nothing to do cost ~65 µs a poll, most of a stage's overhead."""
+        ...
+
     async def poll(self, now: float, readings: Readings) -> Outcome: ...
 
     async def on_restart(self, now: float, readings: Readings) -> None:

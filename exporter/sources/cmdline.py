@@ -401,6 +401,9 @@ class ProcessSource:
             return serving[0]
         return found[0] if len(found) == 1 else None
 
+    def due(self, now: float) -> bool:
+        return now >= self._due
+
     async def poll(self, now: float, readings: Readings) -> Outcome:
         if now < self._due:
             return None

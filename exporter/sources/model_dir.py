@@ -217,6 +217,9 @@ class ModelDirSource:
         self._jobs = Jobs()
         self._log = get_logger()
 
+    def due(self, now: float) -> bool:
+        return True  # a cheap check: the model is loaded again only when it moved
+
     async def poll(self, now: float, readings: Readings) -> Outcome:
         deployment = readings.deployment
         env = readings.process.environ if readings.process is not None else self._env

@@ -260,6 +260,9 @@ class NvmlSource:
         self._devices, self._env, self._within = devices, env, within
         self._task: asyncio.Future[NvmlSample | NvmlFailure] | None = None
 
+    def due(self, now: float) -> bool:
+        return True  # memory, every poll
+
     async def poll(self, now: float, readings: Readings) -> Outcome:
         if self._task is None or self._task.done():
             process = readings.process

@@ -56,6 +56,14 @@ class ModelCard:
     root: str | None  # the model path or hub id vLLM loaded
 
 
+def client_session() -> aiohttp.ClientSession:
+    """The HTTP session the sidecar reads vLLM with: a few kept-alive connections and no
+    cookie jar (vLLM sets no cookies; aiohttp's jar filters every request and stores
+    every response's, ~30 µs a poll)."""
+    connector = aiohttp.TCPConnector(limit=4, force_close=False)
+    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
+
+
 class VllmClient:
     """Reads one vLLM server. The session is injected so tests and the app share one."""
 
@@ -275,6 +283,9 @@ class VllmSource:
         self._page_problems = False
         self._dialect = "vllm"
         self._log = get_logger()
+
+    def due(self, now: float) -> bool:
+        return True  # /metrics, every poll
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
         want_card = now >= self._card_due

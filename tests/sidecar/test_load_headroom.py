@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from exporter.capacity.steptime import step_times
 from exporter.simulator.replay import replay
 from exporter.simulator.simulation import load_scenario, size
 from exporter.snapshot import _step_times_of
@@ -27,10 +28,12 @@ def test_the_binding_resource_is_named_with_the_ratio() -> None:
     assert ticks[-1].load_headroom_resource == "max_num_seqs"
 
 
-def test_a_plans_step_times_are_worked_out_once_and_a_new_plan_gets_its_own() -> None:
+def test_a_plans_step_times_are_worked_out_once_and_another_plan_gets_its_own() -> None:
     planned = size(load_scenario("steady")).plan
     first = _step_times_of(planned)
     assert _step_times_of(planned) is first  # no parameter count each poll
-    other = dataclasses.replace(planned)
+    assert _step_times_of(dataclasses.replace(planned)) is first  # rebuilt equal: the same
+    other = size(load_scenario("demo")).plan
+    assert other != planned
     assert _step_times_of(other) is not first
-    assert _step_times_of(other) == first
+    assert _step_times_of(other) == step_times(other)

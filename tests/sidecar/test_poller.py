@@ -93,6 +93,9 @@ class Heartbeat:
     stage = Stage.FIRST
     reports_health = True
 
+    def due(self, now: float) -> bool:
+        return True
+
     async def poll(self, now: float, readings: Readings) -> Outcome:
         return None if now % 4 == 0 else ("late", "the heartbeat skipped a beat")
 
@@ -159,3 +162,36 @@ async def test_a_bug_while_rendering_serves_the_last_rendered_snapshot_with_vllm
     failed = [e["error"] for e in logs if e["event"] == "poll_failed"]
     assert failed
     assert "ZeroDivisionError" in failed[0]
+
+
+class Counted(Heartbeat):
+    """A source that counts its polls and is due only when told."""
+
+    def __init__(self, due: bool | Exception) -> None:
+        self.polls, self._due = 0, due
+
+    def due(self, now: float) -> bool:
+        if isinstance(self._due, Exception):
+            raise self._due
+        return self._due
+
+    async def poll(self, now: float, readings: Readings) -> Outcome:
+        self.polls += 1
+        return None
+
+
+@pytest.mark.parametrize(("due", "polls"), [(True, 1), (False, 0), (KeyError("a bug"), 1)])
+async def test_a_source_is_polled_only_when_due_and_a_bug_in_due_polls_it_anyway(
+    fake_vllm: FakeVllm, make_rig: MakeRig, due: bool | Exception, polls: int
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    source = Counted(due)
+
+    class WithCounted(Poller):
+        def _make_sources(self) -> list[Source]:
+            return [*super()._make_sources(), source]
+
+    poller = WithCounted(rig.poller.config, rig.poller._client, rig.poller._deps)
+    await poller.poll_once()
+    assert source.polls == polls
+    assert poller.snapshot.source("vllm").up  # type: ignore[union-attr]

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.sources.vllm_page import parse_labels, parse_page
+from exporter.sources.vllm_page import _WANTED_LINES, WANTED_SERIES, parse_labels, parse_page
 from tests.conftest import FIXTURES
 
 PAGES = sorted(p.name for p in (FIXTURES / "vllm").glob("*.txt"))
@@ -151,3 +151,24 @@ def test_values_agree_with_prometheus_clients_own_parser(name: str) -> None:
                 assert getattr(e, attr) == expected
                 checked += 1
     assert checked > 0
+
+
+def test_a_series_whose_name_begins_or_ends_like_a_wanted_one_is_not_read() -> None:
+    text = (
+        'vllm:num_requests_waiting{engine="0"} 3\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 2\n'
+        'vllm:num_requests_waiting_total{engine="0"} 99\n'
+        'vllm:num_requests_waitin{engine="0"} 98\n'
+        'vllm:num_requests_running{engine="0"} 1\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+    )
+    (e,) = parse_page(text).engines
+    assert (e.waiting, e.waiting_for_capacity, e.running) == (3, 2, 1)
+    assert not parse_page(text).problems
+
+
+@pytest.mark.parametrize("name", sorted(WANTED_SERIES))
+def test_every_wanted_series_is_picked_out_of_a_page_by_name(name: str) -> None:
+    line = f'{name}{{engine="0"}} 1\n'
+    assert _WANTED_LINES.findall("\n" + line) == [line.rstrip("\n")]
+    assert _WANTED_LINES.findall(f"\n{name}x{{}} 1\n\n{name[:-1]}{{}} 1\n") == []

@@ -1,0 +1,49 @@
+"""Figures worked out from the deployment alone are redone only when an input changes."""
+
+from __future__ import annotations
+
+from exporter.config import Deployment
+from exporter.observe import Folder, History, fold
+from exporter.snapshot import _Recent, deployment_of
+from exporter.sources.base import Readings
+from exporter.sources.vllm import ModelCard
+from exporter.sources.vllm_page import parse_page
+from tests.conftest import FIXTURES
+
+
+def test_a_result_is_kept_for_the_same_or_an_equal_input_and_made_anew_for_another() -> None:
+    made: list[str] = []
+    recent: _Recent[str] = _Recent(size=2)
+
+    def get(*key: object) -> str:
+        def make() -> str:
+            made.append(repr(key))
+            return made[-1]
+
+        return recent.get(key, make)
+
+    first = get("a", (1, 2))
+    assert get("a", (1, 2)) is first  # an equal tuple, built again
+    get("b", (1, 2))
+    assert len(made) == 2
+    get("c", (1, 2))  # pushes the oldest out
+    get("a", (1, 2))
+    assert len(made) == 4
+
+
+def test_the_deployment_is_the_same_object_until_what_it_comes_from_changes() -> None:
+    page = parse_page((FIXTURES / "vllm" / "vllm-0.32-cpu-preempted.txt").read_text())
+    history = History(keep_seconds=60, max_len=10)
+    folder = Folder()
+    readings = Readings(card=ModelCard(names=("m",), max_model_len=2048, root=None))
+    resolved = []
+    for now in (0.0, 2.0):
+        folded = fold(folder, now, page)
+        history.append(folded.observation)
+        folder = folded.folder
+        resolved.append(deployment_of(history, readings, Deployment()))
+    assert resolved[1] is resolved[0]
+    readings.card = ModelCard(names=("m",), max_model_len=4096, root=None)
+    changed = deployment_of(history, readings, Deployment())
+    assert changed is not resolved[0]
+    assert changed.int_("max_model_len") == 4096
