@@ -219,7 +219,8 @@ def _alternatives(names: Iterable[str]) -> str:
 # one goes on (``num_requests_waiting``, ``..._by_reason``) matches only whole.
 _VLLM_NAMES = _alternatives(n.removeprefix("vllm:") for n in _WANTED if n.startswith("vllm:"))
 _OTHER_NAMES = _alternatives(n for n in _WANTED if not n.startswith("vllm:"))
-_WANTED_LINES = re.compile(f"\n((?:vllm:(?:{_VLLM_NAMES})|{_OTHER_NAMES})[{{ \t][^\n]*)")
+# Name and the rest of the line come back apart, so the loop never looks for the name.
+_WANTED_LINES = re.compile(f"\n((?:vllm:(?:{_VLLM_NAMES})|{_OTHER_NAMES}))([{{ \t][^\n]*)")
 # Every series name the parser reads (dialects.py rewrites other servers' names into these).
 WANTED_SERIES = _WANTED
 START_TIME_SERIES = _START_TIME
@@ -379,33 +380,29 @@ def parse_page(text: str) -> VllmPage:
 
     if "\r" in text:
         text = text.replace("\r\n", "\n")
-    wanted, cached = _WANTED, _LABEL_CACHE  # locals: read in the loop
-    # One C-level scan picks the lines of wanted series (~70 of a page's ~600); comments,
-    # other series and other exporters' lines are never looked at in Python.
-    for line in _WANTED_LINES.findall("\n" + text):
-        brace = line.find("{")
-        if brace > 0:
-            name = line[:brace]
-            if name not in wanted:
-                continue
-            end = line.rfind("}")
-            label_text = line[brace + 1 : end]
-            rest = line[end + 1 :].split() if end > brace else []
+    cached = _LABEL_CACHE  # a local: read in the loop
+    # One C-level scan picks the lines of wanted series (~70 of a page's ~600), the name
+    # apart from the rest; comments, other series and other exporters' lines are never
+    # looked at in Python.
+    for name, after in _WANTED_LINES.findall("\n" + text):
+        if after[0] == "{":
+            end = after.rfind("}")
+            label_text = after[1:end]
+            rest = after[end + 1 :].split() if end > 0 else []
+        elif "{" in after:  # ``name {...}``: no series of ours
+            continue
         else:
-            rest = line.split()
-            name = rest.pop(0) if rest else ""
-            if name not in wanted:
-                continue
+            rest = after.split()
             label_text = ""
         if not rest or len(rest) > 2:
-            problems.add(f"unparsable line: {line[:80]!r}")
+            problems.add(f"unparsable line: {(name + after)[:80]!r}")
             continue
         value_text = rest[0]
         labels = cached.get(label_text)
         if labels is None:
             labels = _labels_cached(label_text)
             if labels is None:
-                problems.add(f"malformed labels: {line[:80]!r}")
+                problems.add(f"malformed labels: {(name + after)[:80]!r}")
                 continue
         hist = _HIST_PARTS.get(name)
         if name == _START_TIME:

@@ -170,5 +170,16 @@ def test_a_series_whose_name_begins_or_ends_like_a_wanted_one_is_not_read() -> N
 @pytest.mark.parametrize("name", sorted(WANTED_SERIES))
 def test_every_wanted_series_is_picked_out_of_a_page_by_name(name: str) -> None:
     line = f'{name}{{engine="0"}} 1\n'
-    assert _WANTED_LINES.findall("\n" + line) == [line.rstrip("\n")]
+    assert _WANTED_LINES.findall("\n" + line) == [(name, '{engine="0"} 1')]
     assert _WANTED_LINES.findall(f"\n{name}x{{}} 1\n\n{name[:-1]}{{}} 1\n") == []
+
+
+def test_a_blank_between_a_name_and_its_labels_is_no_series_and_no_problem() -> None:
+    text = (
+        'vllm:num_requests_running {engine="0"} 7\n'
+        'vllm:num_requests_running{engine="0"} 1\n'
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+    )
+    p = parse_page(text)
+    assert p.engines[0].running == 1
+    assert not p.problems
