@@ -1,11 +1,11 @@
 """What every source shares: the ``Source`` shape, the readings sources write, per-source
 health, and daemon threads for blocking reads.
 
-A source is an object with a ``name`` (its ``source`` label), a ``stage`` and an async
-``poll(now, readings)`` that writes what it read into ``readings`` and returns ``None``
-(answered) or ``(kind, message)`` (down). The poller runs the sources of a stage
-concurrently, times each, and keeps its ``SourceHealth``; adding a source is one file with
-such a class and one line in ``Poller._make_sources``.
+A source is an object with a ``name`` (its ``source`` label), a ``stage``, ``due(now)``
+(has this poll work for it?) and an async ``poll(now, readings)`` that writes what it read
+into ``readings`` and returns ``None`` (answered) or ``(kind, message)`` (down). The poller
+runs the due sources of a stage concurrently, times each, and keeps its ``SourceHealth``;
+adding a source is one file with such a class and one line in ``Poller._make_sources``.
 
 Blocking work runs in daemon threads, one at a time per job: a call that hangs (a GPU that
 fell off the bus, a stale NFS mount) is waited on by later polls instead of being started
