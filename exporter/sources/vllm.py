@@ -58,8 +58,8 @@ class ModelCard:
 
 def client_session() -> aiohttp.ClientSession:
     """The HTTP session the sidecar reads vLLM with: a few kept-alive connections and no
-    cookie jar (vLLM sets no cookies; aiohttp's jar filters every request and stores
-    every response's, ~30 µs a poll)."""
+    cookie jar (vLLM sets no cookies, and aiohttp's jar looks at every request and every
+    response for them)."""
     connector = aiohttp.TCPConnector(limit=4, force_close=False)
     return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
 
