@@ -68,7 +68,6 @@ class Poller:
         self._folder = Folder()
         self._limits_hit: set[str] = set()
         self._poll_failure: str | None = None
-        self._last_deployment: Mapping[str, object] = {}
         self._last_resolved: Resolved | None = None  # the same object while nothing changed
         self._last_expected_note = ""
         self._missing: tuple[str, ...] = ()
@@ -250,15 +249,15 @@ class Poller:
         resolved = snapshots.deployment_of(self.history, self.readings, self.config.deployment)
         if resolved is self._last_resolved:
             return resolved
+        before = self._last_resolved.values if self._last_resolved is not None else {}
         self._last_resolved = resolved
-        if dict(resolved.values) != self._last_deployment:
+        if dict(resolved.values) != dict(before):
             changed = {
                 k: f"{v} ({resolved.origin[k]})"
                 for k, v in resolved.values.items()
-                if self._last_deployment.get(k) != v
+                if before.get(k) != v
             }
             self._log.info("deployment", changed=changed)
-            self._last_deployment = dict(resolved.values)
         return resolved
 
     def _note_expected(self, snapshot: Snapshot) -> None:

@@ -405,7 +405,7 @@ class ProcessSource:
         return now >= self._due
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
-        if now < self._due:
+        if not self.due(now):  # the poller asks first; a direct call keeps the schedule too
             return None
         self._due = now + PROCESS_SCAN_SECONDS
         try:

@@ -195,3 +195,15 @@ async def test_a_source_is_polled_only_when_due_and_a_bug_in_due_polls_it_anyway
     await poller.poll_once()
     assert source.polls == polls
     assert poller.snapshot.source("vllm").up  # type: ignore[union-attr]
+
+
+async def test_the_deployment_is_logged_once_when_first_resolved_and_not_again_unchanged(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll()
+        await rig.poll()
+    events = [e for e in logs if e["event"] == "deployment"]
+    assert len(events) == 1
+    assert "block_size" in events[0]["changed"]
