@@ -27,7 +27,10 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   requests arriving at random (an M/G/∞ system) the occupancy's variance is its mean
   times ``E[∫size²]/E[∫size]`` over a request's life, from the prompt- and
   generation-length histograms (a request of prompt P growing G tokens: ``(G·P² + P·G² +
-  G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together; or the
+  G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together —
+  less while the queue waits for prefill compute: then tokens enter the cache at the
+  engine's pace, not at random, and only the decode lengths' spread moves the occupancy
+  (``paced_factor``); or the
   observed spread around the last half's trend when that is wider (near saturation
   steps slow down and the swings grow), scaled like the level when the load that made
   those swings is leaving (variance goes with the arrival rate), or with the requests
@@ -185,6 +188,31 @@ def _dispersion(p: Moments | None, g: Moments | None) -> float | None:
     if denominator <= 0:
         return None
     return (g1 * p2 + p1 * g2 + g3 / 3) / denominator
+
+
+def paced_factor(generation: Histogram | None) -> float:
+    """How much of the M/G/∞ variance is left when prefill compute paces admission.
+
+    With random arrivals the occupancy's variance is ``λ·E[P²]·∫S`` (``S`` the survival
+    function of a request's residence ``D``): the number of arrivals in a window is random
+    (``∫S²``) and so is who of them is still resident (``∫S(1−S)``). When requests wait for
+    the step's token budget, tokens enter the cache at a fixed rate however long the
+    prompts are, and only the second part remains: the factor is
+    ``1 − E[min(D, D′)] ÷ E[D]`` — 1/2 for exponential residences, 0 for equal ones.
+    Every running request decodes a token a step, so ``D`` goes with the generation length
+    (its CDF linear within each bucket, the +Inf bucket at its lower bound, as
+    ``_moments`` places them). 1 with nothing measured."""
+    if generation is None or generation.count <= 0:
+        return 1.0
+    lower, s_before = 0.0, 1.0
+    mean = min_mean = 0.0  # ∫S and ∫S² over the finite buckets
+    for bound, cum in zip(generation.bounds, generation.counts, strict=False):
+        s = 1.0 - cum / generation.count
+        width = bound - lower
+        mean += width * (s_before + s) / 2
+        min_mean += width * (s_before * s_before + s_before * s + s * s) / 3
+        lower, s_before = bound, s
+    return 1.0 - min_mean / mean if mean > 0 else 1.0
 
 
 def residual_generation(generation: Histogram | None) -> float | None:
@@ -424,6 +452,9 @@ def assess(inputs: Inputs) -> Risk:
         ratio = 2.0 * held
     # n samples of one request arrive, grow and finish together: n times the variance.
     ratio = ratio * max(1.0, inputs.sequences_per_request) if ratio else None
+    if ratio and inputs.bottleneck == "compute":
+        # The queue waits for prefill compute: admitted at the engine's pace, not at random.
+        ratio *= paced_factor(inputs.generation)
     theory = math.sqrt(max(forecast, 0.0) * ratio) if ratio else 0.0
     # Near saturation steps slow down as the KV read grows and the occupancy swings wider
     # than independent arrivals explain: take the observed spread around the trend when
