@@ -121,9 +121,16 @@ def test_a_benchmark_where_no_run_preempts_reports_recall_as_none(
     assert out["rules"]["kv_headroom"]["safe_hours"] == 0.05
 
 
-def run(name: str, ticks_: list[Tick], first: float | None, **extra: object) -> Replay:
+def run(
+    name: str,
+    ticks_: list[Tick],
+    first: float | None,
+    request_seconds: dict[str, float] | None = None,
+    **extra: object,
+) -> Replay:
     scenario = parse_scenario(SAFE.replace("tiny-safe", name), f"{name}.yaml")
-    return Replay(dataclasses.replace(scenario, **extra), ticks_, first)  # type: ignore[arg-type]
+    scenario = dataclasses.replace(scenario, **extra)  # type: ignore[arg-type]
+    return Replay(scenario, ticks_, first, request_seconds or {})
 
 
 def test_false_alarms_are_minutes_per_hour_of_runs_that_never_preempted() -> None:
@@ -171,6 +178,35 @@ def test_bottleneck_accuracy_counts_polls_where_the_gauge_names_the_truth() -> N
         )
     ]
     assert evaluate([run("a", polls, None)])["bottleneck_accuracy"] == 0.75
+
+
+def test_a_run_is_right_when_the_gauge_named_the_reason_most_request_seconds_waited_on() -> None:
+    # Polls every 5 s: 2 requests waiting on compute, then 10 on kv_cache (as the gauge
+    # says); the simulator counts 30 request-seconds on compute and 90 on kv_cache.
+    polls = [
+        dataclasses.replace(t, waiting=waiting, gauge=gauge)
+        for t, waiting, gauge in zip(
+            ticks([0, 0, 0, 0]),
+            [0, 2, 2, 10],
+            ["none", "compute", "compute", "kv_cache"],
+            strict=True,
+        )
+    ]
+    waited = {"compute": 30.0, "kv_cache": 90.0, "none": 500.0}
+    right = evaluate([run("a", polls, None, request_seconds=waited)])
+    entry = right["scenarios"][0]["bottleneck"]
+    assert entry["waited_share"] == {"compute": 0.25, "kv_cache": 0.75}
+    assert entry["named_share"] == {"compute": 0.286, "kv_cache": 0.714}
+    assert entry["names_main_reason"] is True
+    assert right["bottleneck_main_reason"] == [1, 1]
+    wrong = evaluate([run("a", polls, None, request_seconds={"compute": 100.0, "kv_cache": 1.0})])
+    assert wrong["scenarios"][0]["bottleneck"]["names_main_reason"] is False
+
+
+def test_a_run_where_nobody_waited_is_not_judged_on_the_main_reason() -> None:
+    result = evaluate([run("a", ticks([0, 0]), None, request_seconds={"none": 10.0})])
+    assert result["scenarios"][0]["bottleneck"]["names_main_reason"] is None
+    assert result["bottleneck_main_reason"] == [0, 0]
 
 
 def test_a_stall_is_timed_from_its_start_to_the_first_poll_saying_stalled() -> None:

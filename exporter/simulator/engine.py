@@ -17,7 +17,8 @@ leaves its first ``cache_len`` tokens in the cache (a session's turn: prompt and
 which its next turn's prompt starts with).
 
 The engine also records why the head of the waiting queue is not admitted, step by step
-(``reason``, ``reason_changes``, ``reason_seconds``) — vLLM does not export this, so it is
+(``reason``, ``reason_changes``, ``reason_seconds``, and ``request_seconds``: those seconds
+times the requests waiting) — vLLM does not export this, so it is
 the ground truth a bottleneck gauge is checked against: ``kv_cache`` (its blocks are not
 free, a running request was preempted this step, or the step's token budget went partly
 to recomputing preempted requests), ``max_num_seqs`` (the batch is full), ``compute``
@@ -245,6 +246,8 @@ class Engine:
         self.reason = "none"  # why the head of the waiting queue waits, now
         self.reason_changes: list[tuple[float, str]] = [(start, "none")]
         self.reason_seconds = dict.fromkeys(REASONS, 0.0)
+        # The same weighted by the requests waiting: why the queue's requests waited.
+        self.request_seconds = dict.fromkeys(REASONS, 0.0)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -363,6 +366,7 @@ class Engine:
             self.reason = reason
             self.reason_changes.append((self.now if at is None else at, reason))
         self.reason_seconds[reason] += seconds
+        self.request_seconds[reason] += seconds * len(self.waiting)
 
     def _preempt(self, req: Request) -> None:
         if self.first_preemption_at is None:

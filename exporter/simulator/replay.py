@@ -11,6 +11,7 @@ sidecar's bottleneck gauge (``gauge``; None while the sidecar has no such gauge)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ class Replay:
     scenario: Scenario
     ticks: list[Tick]
     first_preemption_at: float | None  # when vLLM first preempted (not when it counted)
+    # Request-seconds of waiting per reason over the run (the simulator's truth).
+    request_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class _SimulatedClient:
@@ -126,7 +129,7 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
             )
         )
     await poller.close()
-    return Replay(scenario, ticks, sim.engine.first_preemption_at)
+    return Replay(scenario, ticks, sim.engine.first_preemption_at, dict(sim.engine.request_seconds))
 
 
 def replay(scenario: Scenario, interval: float = 2.0) -> Replay:

@@ -92,6 +92,20 @@ def test_a_stalled_engine_finishes_its_running_requests_and_empties_its_cache() 
     assert e.stats.finished == 2
 
 
+def test_request_seconds_weigh_each_reason_by_the_requests_waiting_on_it() -> None:
+    e = engine()
+    e.submit(200, 20)
+    e.run_until(0.05)
+    e.stalled = True
+    for _ in range(3):
+        e.submit(200, 20)
+    start = e.now
+    e.run_until(30.0)
+    stalled_seconds = e.reason_seconds["stalled"]
+    assert stalled_seconds > 0.9 * (30.0 - start)
+    assert abs(e.request_seconds["stalled"] - 3 * stalled_seconds) < 1e-6
+
+
 def test_requests_sharing_prefix_hashes_reuse_those_blocks() -> None:
     e = engine()
     hashes = (7, 8, 9)  # 3 × 64 tokens
