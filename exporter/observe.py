@@ -33,6 +33,8 @@ _COUNTERS = (
     "requests_finished",
     "prefix_queries",
     "prefix_hits",
+    "steps",
+    "step_tokens",
 )
 _HISTOGRAMS = ("prompt_len", "generation_len", "max_tokens_param", "n_param")
 
@@ -47,6 +49,8 @@ class Totals:
     requests_finished: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    steps: float = 0.0
+    step_tokens: float = 0.0
     prompt_len: Histogram | None = None
     generation_len: Histogram | None = None
     max_tokens_param: Histogram | None = None
@@ -155,6 +159,8 @@ class Observation:
                 self.epoch,
                 totals.prompt_tokens,
                 totals.preemptions,
+                None if raw.steps is None else totals.steps,
+                None if raw.step_tokens is None else totals.step_tokens,
             )
         return out
 

@@ -82,6 +82,16 @@ def test_an_observations_points_are_the_risk_models_view_of_each_engine_that_rep
     assert point.finished == folded.totals["0"].requests_finished
 
 
+def test_a_point_counts_engine_steps_only_where_the_page_has_them() -> None:
+    with_steps = VllmPage((EngineMetrics("0", kv_usage=0.4, steps=10, step_tokens=900),))
+    later = VllmPage((EngineMetrics("0", kv_usage=0.4, steps=14, step_tokens=1300),))
+    point = fold(fold(Folder(), 0.0, with_steps).folder, 2.0, later).observation.points["0"]
+    assert (point.steps, point.step_tokens) == (4, 400)
+    plain = VllmPage((EngineMetrics("0", kv_usage=0.4),))
+    bare = fold(fold(Folder(), 0.0, plain).folder, 2.0, plain).observation.points["0"]
+    assert (bare.steps, bare.step_tokens) == (None, None)
+
+
 def test_an_observation_without_a_page_has_no_points() -> None:
     assert Observation(0.0, None).points == {}
 

@@ -15,7 +15,13 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
   first), less the slots its last step freed and its next step refills. Cure: raise it
   (if the cache holds that many sequences) or scale out.
-* ``kv_cache`` — the free tokens do not hold a typical prompt.
+* ``kv_cache`` — the free tokens do not hold a typical prompt; or vLLM's steps over the
+  last poll interval computed less than half their token budget on average
+  (``iteration_tokens_total``) while the free tokens would not hold the longest recent
+  prompt: the budget is not what holds the queue back, and a long prompt at its head is
+  refused blocks (the head is the request that waits longest, so a long one more often
+  than the typical prompt says). The budget is the deployed ``max_num_batched_tokens``,
+  never a default: a wrong one would read a prefill-bound queue as KV.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
 * ``none`` — nobody waits, or only requests that arrived since the last poll and go
@@ -102,16 +108,37 @@ def _freed_last_step(points: Sequence[Point]) -> int:
     return math.ceil(finished * running / generated)
 
 
+def _tokens_per_step(points: Sequence[Point]) -> float | None:
+    """The tokens vLLM's steps computed on average over the last poll interval (prompt
+    chunks and decode tokens: ``iteration_tokens_total``); None without two reads of it
+    or a step between them."""
+    if len(points) < 2:
+        return None
+    before, last = points[-2], points[-1]
+    if (
+        before.steps is None
+        or last.steps is None
+        or before.step_tokens is None
+        or last.step_tokens is None
+    ):
+        return None
+    steps = last.steps - before.steps
+    return (last.step_tokens - before.step_tokens) / steps if steps > 0 else None
+
+
 def classify(
     points: Sequence[Point],
     capacity_tokens: float,
     max_num_seqs: int | None,
     prompt_tokens: float | None,
+    max_num_batched_tokens: int | None = None,
+    longest_prompt: float | None = None,
 ) -> Bottleneck:
     """What keeps the queue waiting now (``points`` oldest first, one epoch).
 
     ``prompt_tokens`` is a typical prompt (the recent mean); without one, what a running
-    sequence holds stands in for it.
+    sequence holds stands in for it. ``max_num_batched_tokens`` is the deployed step
+    budget and ``longest_prompt`` the longest recent prompt (None: unknown).
     """
     if not points:
         return NONE
@@ -148,6 +175,21 @@ def classify(
         return Bottleneck(
             "kv_cache",
             f"{waiting}; {free:,.0f} KV tokens free, a typical prompt needs {prompt:,.0f}",
+        )
+    per_step = _tokens_per_step(points)
+    if (
+        max_num_batched_tokens
+        and per_step is not None
+        and per_step < max_num_batched_tokens / 2
+        and longest_prompt is not None
+        and free < longest_prompt
+    ):
+        return Bottleneck(
+            "kv_cache",
+            f"{waiting}; vLLM's steps computed {per_step:,.0f} tokens of their "
+            f"{max_num_batched_tokens:,} budget and {free:,.0f} KV tokens are free, "
+            f"fewer than the longest recent prompt ({longest_prompt:,.0f}): the queue's "
+            "head waits for blocks",
         )
     seqs = f" of max_num_seqs {max_num_seqs:,}" if max_num_seqs is not None else ""
     return Bottleneck(

@@ -17,12 +17,16 @@ def polls(
     prompt_rate: float = 3000.0,
     generation_rate: float = 500.0,
     preemptions: float = 0.0,
+    step_rate: float | None = None,
 ) -> list[Point]:
-    """A poll every 2 s of a steady state with these figures and counter rates."""
+    """A poll every 2 s of a steady state with these figures and counter rates
+    (``step_rate``: engine steps a second, computing the prompt and generated tokens)."""
     return [
         Point(
             t, usage, running, waiting, t / 2, generation_rate * t, 0,
             prompt=prompt_rate * t, preemptions=preemptions * t / seconds,
+            steps=None if step_rate is None else step_rate * t,
+            step_tokens=None if step_rate is None else (prompt_rate + generation_rate) * t,
         )
         for t in (2.0 * i for i in range(int(seconds / 2) + 1))
     ]  # fmt: skip
@@ -111,6 +115,34 @@ def test_a_queue_whose_prompt_does_not_fit_is_kv_cache() -> None:
     # 1,000 tokens free, a typical prompt needs 1,500.
     b = classify(polls(60, usage=0.99, running=40, waiting=10), CAPACITY, 256, 1500)
     assert b.resource == "kv_cache"
+
+
+def budget_unspent(longest_prompt: float) -> str:
+    # 20 % of the cache free (20,000 tokens); 50 steps a second computing 3,500 tokens:
+    # 70 a step of an 8,192-token budget.
+    pts = polls(60, usage=0.8, running=40, waiting=30, step_rate=50)
+    return classify(pts, CAPACITY, 256, 1500, 8192, longest_prompt).resource
+
+
+def test_a_queue_whose_steps_leave_the_budget_unspent_waits_for_blocks_for_a_long_prompt() -> None:
+    assert budget_unspent(longest_prompt=32_768) == "kv_cache"
+
+
+def test_an_unspent_budget_is_not_kv_when_the_longest_prompt_fits_the_free_blocks() -> None:
+    assert budget_unspent(longest_prompt=10_000) == "compute"
+
+
+def test_steps_that_spend_the_budget_leave_a_queue_on_compute() -> None:
+    # 2 steps a second computing 3,500 tokens: 1,750 of a 2,048-token budget each.
+    pts = polls(60, usage=0.8, running=40, waiting=30, step_rate=2)
+    assert classify(pts, CAPACITY, 256, 1500, 2048, 32_768).resource == "compute"
+
+
+def test_without_the_deployed_budget_or_step_counts_the_queue_stays_on_compute() -> None:
+    with_steps = polls(60, usage=0.8, running=40, waiting=30, step_rate=50)
+    without = polls(60, usage=0.8, running=40, waiting=30)
+    assert classify(with_steps, CAPACITY, 256, 1500, None, 32_768).resource == "compute"
+    assert classify(without, CAPACITY, 256, 1500, 8192, 32_768).resource == "compute"
 
 
 def test_recent_preemptions_make_it_kv_cache_even_with_room_now() -> None:
