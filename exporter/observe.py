@@ -26,16 +26,17 @@ from exporter.sources.vllm_page import MAX_ENGINES, CacheConfig, EngineMetrics, 
 # stop appearing are forgotten, least recently seen first, beyond this many.
 MAX_TRACKED_ENGINES = 2 * MAX_ENGINES
 
-_COUNTERS = (
+# A restart is told by these alone: vLLM's own code doubts iteration_tokens_total with
+# several API servers (a TODO in its loggers), and a doubtful count must not end a history.
+_RESTART_COUNTERS = (
     "preemptions",
     "prompt_tokens",
     "generation_tokens",
     "requests_finished",
     "prefix_queries",
     "prefix_hits",
-    "steps",
-    "step_tokens",
 )
+_COUNTERS = (*_RESTART_COUNTERS, "steps", "step_tokens")
 _HISTOGRAMS = ("prompt_len", "generation_len", "max_tokens_param", "n_param")
 
 
@@ -80,7 +81,7 @@ def _add(total: Histogram | None, delta: Histogram | None) -> Histogram | None:
 
 def restarted(before: EngineMetrics, now: EngineMetrics) -> bool:
     """Did a counter go backwards between two reads of the same engine?"""
-    for name in _COUNTERS:
+    for name in _RESTART_COUNTERS:
         a, b = getattr(before, name), getattr(now, name)
         if a is not None and b is not None and b < a:
             return True

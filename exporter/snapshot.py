@@ -146,6 +146,23 @@ class Snapshot:
         return next((s for s in self.sources if s.name == name), None)
 
 
+def _longest(h: Histogram | None, max_model_len: int | None) -> float | None:
+    """The longest prompt in ``h``: its highest bucket that holds one, by upper bound. vLLM's
+    length buckets stop at the last 1-2-5 step at or below ``max_model_len``, so a prompt in the
+    +Inf bucket is at most ``max_model_len`` long."""
+    if h is None or h.count <= 0:
+        return None
+    top: float | None = None
+    previous = 0.0
+    for bound, cum in zip((*h.bounds, math.inf), h.counts, strict=True):
+        if cum > previous:
+            top = bound
+        previous = cum
+    if top is not None and math.isinf(top):
+        return float(max_model_len) if max_model_len else (h.bounds[-1] if h.bounds else None)
+    return top
+
+
 def _window_histogram(
     now: Totals | None, then: Totals | None, raw: EngineMetrics | None, name: str
 ) -> Histogram | None:
@@ -591,20 +608,3 @@ def empty(now: float, sources: Sequence[SourceState]) -> Snapshot:
         gpus=(),
         vllm_ready=False,
     )
-
-
-def _longest(h: Histogram | None, max_model_len: int | None) -> float | None:
-    """The longest prompt in ``h``: its highest bucket that holds one, by upper bound. vLLM's
-    length buckets stop at the last 1-2-5 step below ``max_model_len``, so a prompt in the
-    +Inf bucket is at most ``max_model_len`` long."""
-    if h is None or h.count <= 0:
-        return None
-    top: float | None = None
-    previous = 0.0
-    for bound, cum in zip((*h.bounds, math.inf), h.counts, strict=True):
-        if cum > previous:
-            top = bound
-        previous = cum
-    if top is not None and math.isinf(top):
-        return float(max_model_len) if max_model_len else (h.bounds[-1] if h.bounds else None)
-    return top

@@ -25,6 +25,12 @@ def test_increases_accumulate() -> None:
     assert t.requests_finished == 1
 
 
+def test_a_step_count_going_back_alone_is_no_restart() -> None:
+    before = EngineMetrics("0", prompt_tokens=100, steps=50, step_tokens=900)
+    now = EngineMetrics("0", prompt_tokens=120, steps=40, step_tokens=700)
+    assert not restarted(before, now)
+
+
 def test_a_restart_adds_the_new_count_never_a_negative_one() -> None:
     a, b, c = engine(10, 10, 10), engine(12, 11, 11), engine(2, 0, 1)
     t = advance(advance(advance(None, None, a), a, b), b, c)
