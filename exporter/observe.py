@@ -26,9 +26,7 @@ from exporter.sources.vllm_page import MAX_ENGINES, CacheConfig, EngineMetrics, 
 # stop appearing are forgotten, least recently seen first, beyond this many.
 MAX_TRACKED_ENGINES = 2 * MAX_ENGINES
 
-# A restart is told by these alone: vLLM's own code doubts iteration_tokens_total with
-# several API servers (a TODO in its loggers), and a doubtful count must not end a history.
-_RESTART_COUNTERS = (
+_COUNTERS = (
     "preemptions",
     "prompt_tokens",
     "generation_tokens",
@@ -36,7 +34,6 @@ _RESTART_COUNTERS = (
     "prefix_queries",
     "prefix_hits",
 )
-_COUNTERS = (*_RESTART_COUNTERS, "steps", "step_tokens")
 _HISTOGRAMS = ("prompt_len", "generation_len", "max_tokens_param", "n_param")
 
 
@@ -50,8 +47,6 @@ class Totals:
     requests_finished: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
-    steps: float = 0.0
-    step_tokens: float = 0.0
     prompt_len: Histogram | None = None
     generation_len: Histogram | None = None
     max_tokens_param: Histogram | None = None
@@ -81,7 +76,7 @@ def _add(total: Histogram | None, delta: Histogram | None) -> Histogram | None:
 
 def restarted(before: EngineMetrics, now: EngineMetrics) -> bool:
     """Did a counter go backwards between two reads of the same engine?"""
-    for name in _RESTART_COUNTERS:
+    for name in _COUNTERS:
         a, b = getattr(before, name), getattr(now, name)
         if a is not None and b is not None and b < a:
             return True
@@ -160,8 +155,6 @@ class Observation:
                 self.epoch,
                 totals.prompt_tokens,
                 totals.preemptions,
-                None if raw.steps is None else totals.steps,
-                None if raw.step_tokens is None else totals.step_tokens,
             )
         return out
 

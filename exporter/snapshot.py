@@ -9,7 +9,6 @@ here, so the collector only formats.
 from __future__ import annotations
 
 import functools
-import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,23 +145,6 @@ class Snapshot:
         return next((s for s in self.sources if s.name == name), None)
 
 
-def _longest(h: Histogram | None, max_model_len: int | None) -> float | None:
-    """The longest prompt in ``h``: its highest bucket that holds one, by upper bound. vLLM's
-    length buckets stop at the last 1-2-5 step at or below ``max_model_len``, so a prompt in the
-    +Inf bucket is at most ``max_model_len`` long."""
-    if h is None or h.count <= 0:
-        return None
-    top: float | None = None
-    previous = 0.0
-    for bound, cum in zip((*h.bounds, math.inf), h.counts, strict=True):
-        if cum > previous:
-            top = bound
-        previous = cum
-    if top is not None and math.isinf(top):
-        return float(max_model_len) if max_model_len else (h.bounds[-1] if h.bounds else None)
-    return top
-
-
 def _window_histogram(
     now: Totals | None, then: Totals | None, raw: EngineMetrics | None, name: str
 ) -> Histogram | None:
@@ -279,10 +261,6 @@ def engine_view(
             capacity,
             max_num_seqs,
             typical.sum / typical.count if typical is not None and typical.count else None,
-            # As deployed (flags, vLLM's command line, the sidecar's config), never the
-            # plan's default: a wrong budget would read a compute-bound queue as KV.
-            deployment.int_("max_num_batched_tokens"),
-            _longest(typical, max_model_len),
         )
         inputs = Inputs(
             points=points,

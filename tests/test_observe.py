@@ -25,12 +25,6 @@ def test_increases_accumulate() -> None:
     assert t.requests_finished == 1
 
 
-def test_a_step_count_going_back_alone_is_no_restart() -> None:
-    before = EngineMetrics("0", prompt_tokens=100, steps=50, step_tokens=900)
-    now = EngineMetrics("0", prompt_tokens=120, steps=40, step_tokens=700)
-    assert not restarted(before, now)
-
-
 def test_a_restart_adds_the_new_count_never_a_negative_one() -> None:
     a, b, c = engine(10, 10, 10), engine(12, 11, 11), engine(2, 0, 1)
     t = advance(advance(advance(None, None, a), a, b), b, c)
@@ -86,16 +80,6 @@ def test_an_observations_points_are_the_risk_models_view_of_each_engine_that_rep
     assert (point.t, point.usage, point.running, point.waiting) == (2.0, 0.4, 3, 1)
     assert point.epoch == folded.epoch
     assert point.finished == folded.totals["0"].requests_finished
-
-
-def test_a_point_counts_engine_steps_only_where_the_page_has_them() -> None:
-    with_steps = VllmPage((EngineMetrics("0", kv_usage=0.4, steps=10, step_tokens=900),))
-    later = VllmPage((EngineMetrics("0", kv_usage=0.4, steps=14, step_tokens=1300),))
-    point = fold(fold(Folder(), 0.0, with_steps).folder, 2.0, later).observation.points["0"]
-    assert (point.steps, point.step_tokens) == (4, 400)
-    plain = VllmPage((EngineMetrics("0", kv_usage=0.4),))
-    bare = fold(fold(Folder(), 0.0, plain).folder, 2.0, plain).observation.points["0"]
-    assert (bare.steps, bare.step_tokens) == (None, None)
 
 
 def test_an_observation_without_a_page_has_no_points() -> None:

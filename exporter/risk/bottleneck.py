@@ -15,14 +15,7 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
   first), less the slots its last step freed and its next step refills. Cure: raise it
   (if the cache holds that many sequences) or scale out.
-* ``kv_cache`` — the free tokens do not hold a typical prompt; or vLLM's steps filled their
-  token budget for less than half of the last poll interval (``iteration_tokens_total``:
-  steps and the tokens they computed; each kind of step's time from the busy intervals'
-  lengths) while the free tokens would not hold the longest recent prompt: the budget is
-  not what holds the queue back, and a long prompt at its head is refused blocks (the
-  head is the request that waits longest, so a long one more often than the typical
-  prompt says). The budget is the deployed ``max_num_batched_tokens``, never a default:
-  a wrong one would read a prefill-bound queue as KV.
+* ``kv_cache`` — the free tokens do not hold a typical prompt.
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
 * ``none`` — nobody waits, or only requests that arrived since the last poll and go
@@ -35,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 
 from exporter.risk.model import Point
 
@@ -110,87 +102,16 @@ def _freed_last_step(points: Sequence[Point]) -> int:
     return math.ceil(finished * running / generated)
 
 
-# Fewer busy intervals than this, and the step costs are not fitted (see _step_costs).
-MIN_BUSY_INTERVALS = 5
-
-
-def _step_counts(before: Point, last: Point) -> tuple[float, float] | None:
-    """Engine steps between two polls and the tokens they computed (None: not read)."""
-    if (
-        before.steps is None
-        or last.steps is None
-        or before.step_tokens is None
-        or last.step_tokens is None
-    ):
-        return None
-    return last.steps - before.steps, last.step_tokens - before.step_tokens
-
-
-def _step_costs(points: Sequence[Point]) -> tuple[float, float] | None:
-    """Seconds a step costs, and seconds a token it computes costs: least squares of each
-    busy interval's length on its steps and tokens (``dt = a·steps + b·tokens``, no
-    intercept), over the intervals with requests waiting at both ends (the engine never
-    idle in between). None with fewer than ``MIN_BUSY_INTERVALS``, steps and tokens that
-    moved together (nothing to tell them apart), or a cost that is not positive."""
-    nn = nk = kk = nt = kt = 0.0
-    used = 0
-    for before, last in pairwise(points):
-        counts = _step_counts(before, last)
-        if counts is None or before.waiting < 1 or last.waiting < 1:
-            continue
-        n, k = counts
-        dt = last.t - before.t
-        if n <= 0 or k < 0 or dt <= 0:
-            continue
-        nn, nk, kk, nt, kt = nn + n * n, nk + n * k, kk + k * k, nt + n * dt, kt + k * dt
-        used += 1
-    det = nn * kk - nk * nk
-    if used < MIN_BUSY_INTERVALS or det <= 1e-9 * nn * kk:
-        return None
-    per_step, per_token = (nt * kk - kt * nk) / det, (kt * nn - nt * nk) / det
-    return (per_step, per_token) if per_step > 0 and per_token > 0 else None
-
-
-def _budget_share(points: Sequence[Point], budget: int) -> float | None:
-    """The share of the last poll interval vLLM spent in steps that filled their token
-    budget. Steps with a queue are taken as two kinds: full ones (``budget`` tokens) and
-    decode ones (a token per running request); the mean tokens a step says how many were
-    full, and the step costs (``_step_costs``) how long each kind took — a full step can
-    take ten decode steps' time, so a share of steps would under-count it. Without the
-    costs, the share of steps. None without step counts."""
-    if len(points) < 2:
-        return None
-    before, last = points[-2], points[-1]
-    counts = _step_counts(before, last)
-    if counts is None or counts[0] <= 0:
-        return None
-    steps, tokens = counts
-    decode = (last.running + before.running) / 2
-    if budget <= decode:
-        return None
-    full = min(1.0, max(0.0, (tokens / steps - decode) / (budget - decode)))
-    costs = _step_costs(points)
-    if costs is None:
-        return full
-    per_step, per_token = costs
-    full_time = full * (per_step + per_token * budget)
-    decode_time = (1.0 - full) * (per_step + per_token * decode)
-    return full_time / (full_time + decode_time)
-
-
 def classify(
     points: Sequence[Point],
     capacity_tokens: float,
     max_num_seqs: int | None,
     prompt_tokens: float | None,
-    max_num_batched_tokens: int | None = None,
-    longest_prompt: float | None = None,
 ) -> Bottleneck:
     """What keeps the queue waiting now (``points`` oldest first, one epoch).
 
     ``prompt_tokens`` is a typical prompt (the recent mean); without one, what a running
-    sequence holds stands in for it. ``max_num_batched_tokens`` is the deployed step
-    budget and ``longest_prompt`` the longest recent prompt (None: unknown).
+    sequence holds stands in for it.
     """
     if not points:
         return NONE
@@ -228,16 +149,6 @@ def classify(
             "kv_cache",
             f"{waiting}; {free:,.0f} KV tokens free, a typical prompt needs {prompt:,.0f}",
         )
-    if max_num_batched_tokens and longest_prompt is not None and free < longest_prompt:
-        share = _budget_share(points, max_num_batched_tokens)
-        if share is not None and share < 0.5:
-            return Bottleneck(
-                "kv_cache",
-                f"{waiting}; vLLM's steps filled their {max_num_batched_tokens:,}-token "
-                f"budget {share:.0%} of the last poll interval and {free:,.0f} KV tokens are "
-                f"free, fewer than the longest recent prompt ({longest_prompt:,.0f}): the "
-                "queue's head waits for blocks",
-            )
     seqs = f" of max_num_seqs {max_num_seqs:,}" if max_num_seqs is not None else ""
     return Bottleneck(
         "compute",

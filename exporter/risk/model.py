@@ -110,8 +110,6 @@ class Point:
     epoch: int  # changes when vLLM restarts: history does not span it
     prompt: float | None = None  # prompt tokens prefilled since the sidecar started
     preemptions: float | None = None  # preemptions since the sidecar started
-    steps: float | None = None  # engine steps since the sidecar started (iteration_tokens)
-    step_tokens: float | None = None  # the tokens those steps computed
 
 
 @dataclass(frozen=True)

@@ -106,9 +106,6 @@ class EngineMetrics:
     requests_finished: float | None = None  # request_success_total over every reason
     prefix_queries: float | None = None  # tokens (blocks before 0.9)
     prefix_hits: float | None = None
-    # iteration_tokens_total's count and sum: engine steps, and the tokens they computed.
-    steps: float | None = None
-    step_tokens: float | None = None
     prompt_len: Histogram | None = None
     generation_len: Histogram | None = None
     max_tokens_param: Histogram | None = None
@@ -170,9 +167,6 @@ _SCALARS: dict[str, str] = {
     "vllm:prefix_cache_hits_total": "prefix_hits",
     "vllm:gpu_prefix_cache_queries_total": "prefix_queries",
     "vllm:gpu_prefix_cache_hits_total": "prefix_hits",
-    # A histogram read for its count and sum alone (the name really ends in _total).
-    "vllm:iteration_tokens_total_count": "steps",
-    "vllm:iteration_tokens_total_sum": "step_tokens",
 }
 # V1 0.9.2-0.11 expose both names; the current one wins over the deprecated one.
 _DEPRECATED = frozenset(

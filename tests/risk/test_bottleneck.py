@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from exporter.risk.bottleneck import STALL_SECONDS, _step_costs, classify, settled
+from exporter.risk.bottleneck import STALL_SECONDS, classify, settled
 from exporter.risk.model import Point
 
 CAPACITY = 100_000.0
@@ -19,16 +17,12 @@ def polls(
     prompt_rate: float = 3000.0,
     generation_rate: float = 500.0,
     preemptions: float = 0.0,
-    step_rate: float | None = None,
 ) -> list[Point]:
-    """A poll every 2 s of a steady state with these figures and counter rates
-    (``step_rate``: engine steps a second, computing the prompt and generated tokens)."""
+    """A poll every 2 s of a steady state with these figures and counter rates."""
     return [
         Point(
             t, usage, running, waiting, t / 2, generation_rate * t, 0,
             prompt=prompt_rate * t, preemptions=preemptions * t / seconds,
-            steps=None if step_rate is None else step_rate * t,
-            step_tokens=None if step_rate is None else (prompt_rate + generation_rate) * t,
         )
         for t in (2.0 * i for i in range(int(seconds / 2) + 1))
     ]  # fmt: skip
@@ -117,77 +111,6 @@ def test_a_queue_whose_prompt_does_not_fit_is_kv_cache() -> None:
     # 1,000 tokens free, a typical prompt needs 1,500.
     b = classify(polls(60, usage=0.99, running=40, waiting=10), CAPACITY, 256, 1500)
     assert b.resource == "kv_cache"
-
-
-def budget_unspent(longest_prompt: float) -> str:
-    # 20 % of the cache free (20,000 tokens); 50 steps a second computing 3,500 tokens:
-    # 70 a step of an 8,192-token budget.
-    pts = polls(60, usage=0.8, running=40, waiting=30, step_rate=50)
-    return classify(pts, CAPACITY, 256, 1500, 8192, longest_prompt).resource
-
-
-def test_a_queue_whose_steps_leave_the_budget_unspent_waits_for_blocks_for_a_long_prompt() -> None:
-    assert budget_unspent(longest_prompt=32_768) == "kv_cache"
-
-
-def test_an_unspent_budget_is_not_kv_when_the_longest_prompt_fits_the_free_blocks() -> None:
-    assert budget_unspent(longest_prompt=10_000) == "compute"
-
-
-def test_steps_that_spend_the_budget_leave_a_queue_on_compute() -> None:
-    # 2 steps a second computing 3,500 tokens: 1,750 of a 2,048-token budget each.
-    pts = polls(60, usage=0.8, running=40, waiting=30, step_rate=2)
-    assert classify(pts, CAPACITY, 256, 1500, 2048, 32_768).resource == "compute"
-
-
-def busy(intervals: list[tuple[float, float]], *, usage: float = 0.8) -> list[Point]:
-    """Polls every 2 s of a server with 40 running and 30 waiting whose steps cost 20 ms
-    and 30 µs a token, each interval's (full 8,192-token steps, 40-token decode steps)."""
-    pts, steps, tokens = [], 0.0, 0.0
-    for i, (full, decode) in enumerate([(0.0, 0.0), *intervals]):
-        steps += full + decode
-        tokens += full * 8192 + decode * 40
-        pts.append(
-            Point(2.0 * i, usage, 40, 30, float(i), 40 * steps, 0, prompt=tokens,
-                  steps=steps, step_tokens=tokens)
-        )  # fmt: skip
-    return pts
-
-
-# Each mix fills 2 s: a full step takes 0.266 s, a decode step 0.0212 s.
-MOSTLY_FULL = (6.0, 19.0)  # 1.6 s of full steps: 2,000 tokens a step on average
-MOSTLY_DECODE = (2.0, 69.0)  # 0.53 s of full steps: 270 tokens a step
-MIXES = [(7.0, 6.0), (3.0, 57.0), (5.0, 32.0), (1.0, 82.0), (4.0, 44.0), (2.0, 69.0)]
-
-
-def test_step_costs_are_fitted_from_the_busy_intervals_lengths() -> None:
-    costs = _step_costs(busy(MIXES))
-    assert costs is not None
-    assert costs[0] == pytest.approx(0.02, rel=0.1)
-    assert costs[1] == pytest.approx(3e-5, rel=0.1)
-
-
-def test_a_few_full_steps_among_many_short_ones_hold_the_budget_most_of_the_time() -> None:
-    # On average a step computes a quarter of the budget, yet full steps took 80 % of
-    # the interval: the budget binds, not the cache.
-    pts = busy([*MIXES, MOSTLY_FULL])
-    assert classify(pts, CAPACITY, 256, 1500, 8192, 32_768).resource == "compute"
-    pts = busy([*MIXES, MOSTLY_DECODE])
-    assert classify(pts, CAPACITY, 256, 1500, 8192, 32_768).resource == "kv_cache"
-
-
-def test_without_fitted_step_costs_the_share_of_steps_decides() -> None:
-    # Two intervals are too few to fit the costs: 6 of 25 steps were full.
-    pts = busy([MOSTLY_FULL, MOSTLY_FULL])
-    assert _step_costs(pts) is None
-    assert classify(pts, CAPACITY, 256, 1500, 8192, 32_768).resource == "kv_cache"
-
-
-def test_without_the_deployed_budget_or_step_counts_the_queue_stays_on_compute() -> None:
-    with_steps = polls(60, usage=0.8, running=40, waiting=30, step_rate=50)
-    without = polls(60, usage=0.8, running=40, waiting=30)
-    assert classify(with_steps, CAPACITY, 256, 1500, None, 32_768).resource == "compute"
-    assert classify(without, CAPACITY, 256, 1500, 8192, 32_768).resource == "compute"
 
 
 def test_recent_preemptions_make_it_kv_cache_even_with_room_now() -> None:
