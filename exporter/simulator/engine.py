@@ -454,10 +454,13 @@ class Engine:
         duration = self._step_duration(prefill_tokens, attended)
         self.now += duration
         self.steps += 1
-        total = 0
+        # What vLLM 0.32's iteration_tokens_total observes for the step: not the tokens
+        # scheduled, but the computed prompt tokens of the requests whose prefill completed
+        # in it, plus the tokens generated (v1/metrics/stats.py: prompt stats are taken
+        # from a request's first output; chunks before it count nothing).
+        counted = 0
         finished: list[Request] = []
         for req, new in scheduled:
-            total += new
             was_prefill = req.num_computed < req.prompt_len
             req.num_computed += new
             if was_prefill and req.first_token is None:
@@ -471,11 +474,13 @@ class Engine:
                 self.stats.prompt_local_compute += computed
                 self.stats.prompt_cache_hit += req.prompt_len - computed
                 self.stats.prefill_kv_computed.observe(computed)
+                counted += computed
             self._emit_token(req, duration)
+            counted += 1
             if req.output >= req.max_tokens:
                 finished.append(req)
-        if total:
-            self.stats.iteration_tokens.observe(total)
+        if scheduled:
+            self.stats.iteration_tokens.observe(counted)
         for req in finished:
             self._finish(req)
 

@@ -106,6 +106,18 @@ def test_request_seconds_weigh_each_reason_by_the_requests_waiting_on_it() -> No
     assert abs(e.request_seconds["stalled"] - 3 * stalled_seconds) < 1e-6
 
 
+def test_a_step_counts_a_prompt_in_iteration_tokens_only_when_its_prefill_completes() -> None:
+    # As vLLM 0.32 observes it: chunks before a request's first token count nothing.
+    e = engine(max_num_batched_tokens=256)
+    e.submit(1000, 4)
+    for _ in range(4):  # 256 + 256 + 256 + 232 prompt tokens, the last with a token
+        e.step()
+    hist = e.stats.iteration_tokens
+    assert hist.count == 4
+    assert hist.sum == 1000 + 1
+    assert hist.buckets[0] == 3  # three steps observed 0 tokens
+
+
 def test_requests_sharing_prefix_hashes_reuse_those_blocks() -> None:
     e = engine()
     hashes = (7, 8, 9)  # 3 × 64 tokens
