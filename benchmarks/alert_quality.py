@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -150,10 +151,9 @@ def bottleneck_score(rep: Replay) -> dict[str, Any]:
     read = [t for t in rep.ticks if t.gauge is not None]
     waited = {k: v for k, v in rep.request_seconds.items() if k != "none" and v > 0}
     named: dict[str, float] = {}
-    for before, tick in zip([None, *read], read, strict=False):
+    for before, tick in itertools.pairwise(read):  # each poll weighs the interval before it
         if tick.gauge is not None and tick.gauge != "none":
-            interval = tick.t - (before.t if before is not None else tick.t)
-            named[tick.gauge] = named.get(tick.gauge, 0.0) + tick.waiting * interval
+            named[tick.gauge] = named.get(tick.gauge, 0.0) + tick.waiting * (tick.t - before.t)
     main = max(waited.items(), key=lambda kv: kv[1])[0] if waited else None
     gauge_main = max(named.items(), key=lambda kv: kv[1])[0] if named else None
     out: dict[str, Any] = {
@@ -187,7 +187,7 @@ def _weights(values: dict[str, float]) -> dict[str, float]:
 
 
 def _share_text(shares: dict[str, float]) -> str:
-    return ",".join(f"{k}:{v:.2f}" for k, v in shares.items()) or "–"
+    return ",".join(f"{k}:{v:.2f}" for k, v in shares.items())
 
 
 def near_miss_seconds(ticks: Sequence[Tick], eps: Sequence[tuple[float, float]]) -> float:
@@ -438,14 +438,17 @@ def render(result: dict[str, Any], runs: int, seeds: int, interval: float) -> st
                 cells.append(f"{name} {row['false_alarm_minutes']:.1f}min")
         first = s["first_preemption_seconds"]
         when = f"first preemption {first:.0f} s" if first is not None else "never preempts"
-        truth = ",".join(f"{k}:{v:.2f}" for k, v in s["bottleneck"]["truth_share"].items())
-        waited = _share_text(s["bottleneck"]["waited_share"])
-        named = _share_text(s["bottleneck"]["named_share"])
+        b = s["bottleneck"]
+        waited = (
+            f"  waited on {_share_text(b['waited_share'])}; gauge {_share_text(b['named_share'])}"
+            if b["waited_share"]
+            else ""
+        )
         out.append(
             f"  {s['name']:<34} {s['seed']:>4} {when:<24} "
             + " · ".join(cells)
-            + f"  [{truth}]"
-            + (f"  waited on {waited}; gauge {named}" if waited else "")
+            + f"  [{_share_text(b['truth_share'])}]"
+            + waited
         )
     if result["outcome_differs_from_expect"]:
         out += [
