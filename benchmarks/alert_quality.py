@@ -24,9 +24,14 @@ contradicts ``expect`` is listed. Bottleneck: the share of polls where the sidec
 interval ("n/a" while the sidecar has no such gauge); per run, whether the resource the
 gauge named for most waiting requests (requests waiting × poll interval) is the reason
 requests waited on most (request-seconds, which the simulator counts); and how soon a
-stall is flagged. A poll sees the queue at one instant, not the head request's length,
-which decides between ``compute`` and ``kv_cache`` on a saturated server: the per-poll
-figure has a ceiling below 1 that no reading of ``/metrics`` lifts.
+stall is flagged. Where two resources bound in the same step (the token budget spent on
+running prefills while the head does not fit the free blocks), the simulator labels the
+step ``kv_cache`` by convention but records both: a run is judged right when the gauge's
+resource bound for at least as many request-seconds as any other bound without it
+(``held_longest``); the count by the simulator's one label is printed beside it. A poll
+sees the queue at one instant, not the head request's length, which decides between
+``compute`` and ``kv_cache`` on a saturated server: the per-poll figure has a ceiling
+below 1 that no reading of ``/metrics`` lifts, so it is printed, not a target.
 
     python benchmarks/alert_quality.py [--scenario FILE ...] [--no-library] [--only NAME ...]
         [--seeds N] [--fast] [--jobs N] [--output json] [--plot [DIR]]
@@ -67,6 +72,7 @@ FAST_SECONDS = 600.0
 # are reported apart ("near a miss"): the cache came within 5 % of preempting, so a warning
 # there is arguably due. A reporting split only: nothing in the model reads it.
 NEAR_MISS_USAGE = 0.95
+STALL_FLAG_SECONDS = 60.0  # issue 13: a stall is flagged as ``stalled`` within a minute
 DEFAULT_PLOTS = Path(__file__).resolve().parent.parent / "docs" / "traffic"
 
 
@@ -156,14 +162,24 @@ def bottleneck_score(rep: Replay) -> dict[str, Any]:
             named[tick.gauge] = named.get(tick.gauge, 0.0) + tick.waiting * (tick.t - before.t)
     main = max(waited.items(), key=lambda kv: kv[1])[0] if waited else None
     gauge_main = max(named.items(), key=lambda kv: kv[1])[0] if named else None
+    # Without the simulator's binding sets (an older replay), each reason bound alone.
+    binding = dict(rep.binding_seconds) or waited
+    joint = sum(v for k, v in binding.items() if "+" in k)
+    judged = main is not None and bool(read)  # nobody waited, or the sidecar has no gauge
     out: dict[str, Any] = {
         "polls": len(read),
         "accuracy": round(sum(t.gauge == t.truth for t in read) / len(read), 3) if read else None,
         "truth_share": _shares([t.truth for t in rep.ticks]),
         "waited_share": _weights(waited),
+        "bound_share": _weights(binding),  # by the set of resources that bound at once
+        "jointly_bound_share": round(joint / sum(binding.values()), 3) if joint else 0.0,
         "named_share": _weights(named),
-        # None: nobody waited, or the sidecar has no gauge.
-        "names_main_reason": None if main is None or not read else gauge_main == main,
+        "names_main_reason": (
+            None if not judged else gauge_main is not None and held_longest(gauge_main, binding)
+        ),
+        # The stricter reading: the one reason the simulator records per step, where it
+        # breaks a tie between two resources that bound at once by its own convention.
+        "names_main_reason_by_label": None if not judged else gauge_main == main,
     }
     delays: list[float | None] = []
     for begin, _end in rep.scenario.stalls:
@@ -172,6 +188,30 @@ def bottleneck_score(rep: Replay) -> dict[str, Any]:
     if rep.scenario.stalls:
         out["stall_flagged_after_seconds"] = delays
     return out
+
+
+def _held(binding: dict[str, float], resource: str, without: str | None = None) -> float:
+    """Request-seconds in which ``resource`` bound (alone or with others; keys are
+    resources joined by "+"), leaving out those in which ``without`` bound too."""
+    total = 0.0
+    for key, seconds in binding.items():
+        held = key.split("+")
+        if resource in held and (without is None or without not in held):
+            total += seconds
+    return total
+
+
+def held_longest(resource: str, binding: dict[str, float]) -> bool:
+    """Whether ``resource`` is the main reason requests waited: it bound (alone or with
+    another) for at least as many request-seconds as any other resource bound without it.
+
+    Where two bound in the same step (the token budget spent on running prefills and the
+    head too long for the free blocks), vLLM's scheduler stops at the first it checks and
+    either cure alone would not admit the head: calling one of them the cause is a
+    convention, and a gauge is not wrong for naming the other."""
+    others = {r for key in binding for r in key.split("+")} - {resource, "none"}
+    mine = _held(binding, resource)
+    return all(mine >= _held(binding, r, without=resource) for r in others)
 
 
 def _shares(values: Sequence[str]) -> dict[str, float]:
@@ -266,11 +306,16 @@ def evaluate(replays: Sequence[Replay]) -> dict[str, Any]:
                 "rules": {rule.name: _summary(group, rule) for rule in RULES},
                 "bottleneck_accuracy": _mean_accuracy(group),
                 "bottleneck_main_reason": _main_reason(group),
+                "bottleneck_main_reason_by_label": _main_reason(
+                    group, "names_main_reason_by_label"
+                ),
             }
             for name, group in sorted(groups.items())
         },
         "bottleneck_accuracy": _mean_accuracy(scenarios),
         "bottleneck_main_reason": _main_reason(scenarios),
+        "bottleneck_main_reason_by_label": _main_reason(scenarios, "names_main_reason_by_label"),
+        "stall_flagged_after_seconds": _stall_delays(scenarios),
         "outcome_differs_from_expect": [
             f"{s['name']} seed {s['seed']}"
             for s in scenarios
@@ -286,11 +331,16 @@ def _mean_accuracy(entries: Sequence[dict[str, Any]]) -> float | None:
     return round(statistics.fmean(known), 3) if known else None
 
 
-def _main_reason(entries: Sequence[dict[str, Any]]) -> list[int]:
+def _main_reason(entries: Sequence[dict[str, Any]], key: str = "names_main_reason") -> list[int]:
     """[runs whose main reason the gauge named, runs where requests waited]."""
-    judged = [s["bottleneck"]["names_main_reason"] for s in entries]
+    judged = [s["bottleneck"][key] for s in entries]
     known = [v for v in judged if v is not None]
     return [sum(known), len(known)]
+
+
+def _stall_delays(entries: Sequence[dict[str, Any]]) -> list[float | None]:
+    """Seconds from each simulated stall's start to the first poll saying ``stalled``."""
+    return [d for s in entries for d in s["bottleneck"].get("stall_flagged_after_seconds", [])]
 
 
 def _ge(value: float | None, bound: float) -> bool:
@@ -330,14 +380,15 @@ def targets(result: dict[str, Any]) -> list[tuple[str, bool | None]]:
             theirs if theirs is not None else -math.inf
         )
         checks.append((f"median lead longer than {name} (as few or fewer false alarms)", longer))
-    accuracy = result["bottleneck_accuracy"]
-    checks.append(
-        ("bottleneck gauge right on every poll", None if accuracy is None else accuracy == 1.0)
-    )
     named, runs = result["bottleneck_main_reason"]
     checks.append(
         ("bottleneck gauge names the main reason requests waited on, every run",
          None if not runs else named == runs)
+    )  # fmt: skip
+    stalls = result["stall_flagged_after_seconds"]
+    checks.append(
+        (f"every stall flagged as stalled within {STALL_FLAG_SECONDS:.0f} s",
+         None if not stalls else all(d is not None and d <= STALL_FLAG_SECONDS for d in stalls))
     )  # fmt: skip
     return checks
 
@@ -422,7 +473,13 @@ def render(result: dict[str, Any], runs: int, seeds: int, interval: float) -> st
     for name, cls in result["classes"].items():
         acc = _number(cls["bottleneck_accuracy"], ".2f")
         named, runs = cls["bottleneck_main_reason"]
-        main = f", main reason named in {named}/{runs} runs" if runs else ""
+        by_label = cls["bottleneck_main_reason_by_label"][0]
+        main = (
+            f", main reason named in {named}/{runs} runs ({by_label}/{runs} by the "
+            "simulator's one label)"
+            if runs
+            else ""
+        )
         out += [
             f"  {name} (bottleneck gauge accuracy {acc}{main})",
             *_rule_rows(cls["rules"], "    "),
@@ -439,8 +496,11 @@ def render(result: dict[str, Any], runs: int, seeds: int, interval: float) -> st
         first = s["first_preemption_seconds"]
         when = f"first preemption {first:.0f} s" if first is not None else "never preempts"
         b = s["bottleneck"]
+        joint = b.get("jointly_bound_share", 0.0)
         waited = (
-            f"  waited on {_share_text(b['waited_share'])}; gauge {_share_text(b['named_share'])}"
+            f"  waited on {_share_text(b['waited_share'])}"
+            + (f" (two at once {joint:.2f})" if joint >= 0.005 else "")
+            + f"; gauge {_share_text(b['named_share'])}"
             if b["waited_share"]
             else ""
         )

@@ -13,6 +13,7 @@ from benchmarks.alert_quality import (
     Rule,
     episodes,
     evaluate,
+    held_longest,
     lead,
     main,
     near_miss_seconds,
@@ -164,7 +165,8 @@ def test_untagged_scenarios_are_the_synthetic_class() -> None:
 def test_bottleneck_accuracy_is_na_until_the_sidecar_has_the_gauge() -> None:
     result = evaluate([run("a", ticks([0, 0, 0]), None)])
     assert result["bottleneck_accuracy"] is None
-    assert ("bottleneck gauge right on every poll", None) in targets(result)
+    main = "bottleneck gauge names the main reason requests waited on, every run"
+    assert (main, None) in targets(result)
 
 
 def test_bottleneck_accuracy_counts_polls_where_the_gauge_names_the_truth() -> None:
@@ -201,6 +203,42 @@ def test_a_run_is_right_when_the_gauge_named_the_reason_most_request_seconds_wai
     assert right["bottleneck_main_reason"] == [1, 1]
     wrong = evaluate([run("a", polls, None, request_seconds={"compute": 100.0, "kv_cache": 1.0})])
     assert wrong["scenarios"][0]["bottleneck"]["names_main_reason"] is False
+
+
+def test_a_resource_that_bound_longest_counting_the_steps_it_shared_is_the_main_reason() -> None:
+    # compute alone 40, kv_cache alone 35, both at once 25 (labelled kv_cache: 60 vs 40).
+    binding = {"compute": 40.0, "kv_cache": 35.0, "kv_cache+compute": 25.0}
+    assert held_longest("compute", binding)  # 65 held, kv_cache without it 35
+    assert held_longest("kv_cache", binding)  # 60 held, compute without it 40
+    assert not held_longest("max_num_seqs", {**binding, "max_num_seqs": 10.0})
+
+
+def test_a_resource_another_outlasted_without_it_is_not_the_main_reason() -> None:
+    binding = {"compute": 30.0, "kv_cache": 50.0, "kv_cache+compute": 10.0}
+    assert not held_longest("compute", binding)  # 40 held, kv_cache without it 50
+
+
+def test_a_run_is_judged_on_what_bound_and_counted_apart_by_the_simulators_label() -> None:
+    polls = [dataclasses.replace(t, waiting=4.0, gauge="compute") for t in ticks([0, 0, 0, 0])]
+    waited = {"compute": 40.0, "kv_cache": 60.0}
+    binding = {"compute": 40.0, "kv_cache": 35.0, "kv_cache+compute": 25.0}
+    replay = dataclasses.replace(run("a", polls, None, request_seconds=waited),
+                                 binding_seconds=binding)  # fmt: skip
+    result = evaluate([replay])
+    entry = result["scenarios"][0]["bottleneck"]
+    assert entry["names_main_reason"] is True
+    assert entry["names_main_reason_by_label"] is False
+    assert entry["jointly_bound_share"] == 0.25
+    assert result["bottleneck_main_reason"] == [1, 1]
+    assert result["bottleneck_main_reason_by_label"] == [0, 1]
+
+
+def test_a_stall_flagged_after_a_minute_fails_the_stall_check() -> None:
+    late = [dataclasses.replace(t, gauge="stalled" if t.t >= 80 else "none")
+            for t in ticks([0] * 20)]  # fmt: skip
+    result = evaluate([run("a", late, None, stalls=((10.0, 90.0),))])
+    assert result["stall_flagged_after_seconds"] == [70.0]
+    assert ("every stall flagged as stalled within 60 s", False) in targets(result)
 
 
 def test_a_run_where_nobody_waited_is_not_judged_on_the_main_reason() -> None:

@@ -23,7 +23,10 @@ the ground truth a bottleneck gauge is checked against: ``kv_cache`` (its blocks
 free, a running request was preempted this step, or the step's token budget went partly
 to recomputing preempted requests), ``max_num_seqs`` (the batch is full), ``compute``
 (the step's ``max_num_batched_tokens`` are spent on new work), ``stalled``
-(admission is stopped by a fault: ``stalled = True``), ``none`` (nobody waits).
+(admission is stopped by a fault: ``stalled = True``), ``none`` (nobody waits). Where
+more than one resource binds in a step (the budget spent and the head too long for the
+free blocks: labelled ``kv_cache``), ``binding_seconds`` keeps the request-seconds of each
+such set, so a judge need not take the label's convention for the truth.
 
 Between events — an arrival, a request finishing, the pool running short, an observation
 — every running request just decodes one token per step, so the engine jumps over such
@@ -248,6 +251,9 @@ class Engine:
         self.reason_seconds = dict.fromkeys(REASONS, 0.0)
         # The same weighted by the requests waiting: why the queue's requests waited.
         self.request_seconds = dict.fromkeys(REASONS, 0.0)
+        # The same by every resource that bound at once ("compute+kv_cache"): where two
+        # bind, which one "caused" the wait is a convention, and a judge should know it.
+        self.binding_seconds: dict[str, float] = {}
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -340,6 +346,7 @@ class Engine:
             scheduled.append((req, new))
             budget -= new
             i += 1
+        binding: tuple[str, ...] = ()
         if not self.waiting:
             reason = "none"
         elif self.stalled:
@@ -348,25 +355,49 @@ class Engine:
             reason = "kv_cache"
         else:
             budget, reason = self._admit(budget, scheduled)
+            if reason in ("compute", "max_num_seqs"):
+                recomputing = any(
+                    r.preemptions and r.num_tokens - r.num_computed > 1 for r, _ in scheduled
+                )
+                binding = self._binding(
+                    full=reason == "max_num_seqs",
+                    spent=budget <= 0,
+                    no_room=recomputing or not self._admissible(self.waiting[0]),
+                )
             # A spent budget is the cache's doing when part of it went to recomputing
             # preempted requests (with room for them, those tokens were the queue's), or
             # when the queue's head would not fit the free blocks either: the budget is
             # renewed every step, blocks only as requests finish.
-            if reason == "compute" and (
-                any(r.preemptions and r.num_tokens - r.num_computed > 1 for r, _ in scheduled)
-                or not self._admissible(self.waiting[0])
-            ):
+            if reason == "compute" and "kv_cache" in binding:
                 reason = "kv_cache"
         start = self.now
         self._execute(scheduled)
-        self._note(reason, self.now - start, at=start)
+        self._note(reason, self.now - start, at=start, binding=binding)
 
-    def _note(self, reason: str, seconds: float, at: float | None = None) -> None:
+    @staticmethod
+    def _binding(*, full: bool, spent: bool, no_room: bool) -> tuple[str, ...]:
+        """Every resource that alone would keep the head waiting this step, in REASONS
+        order: the batch is full, the step's token budget is spent, the cache has no room
+        for the head (or the budget went partly to recomputing preempted requests)."""
+        held = {"kv_cache": no_room, "max_num_seqs": full, "compute": spent}
+        return tuple(r for r in REASONS if held.get(r))
+
+    def _note(
+        self,
+        reason: str,
+        seconds: float,
+        at: float | None = None,
+        binding: tuple[str, ...] = (),
+    ) -> None:
         if reason != self.reason:
             self.reason = reason
             self.reason_changes.append((self.now if at is None else at, reason))
         self.reason_seconds[reason] += seconds
         self.request_seconds[reason] += seconds * len(self.waiting)
+        if self.waiting:
+            key = "+".join(binding or (reason,))
+            waited = seconds * len(self.waiting)
+            self.binding_seconds[key] = self.binding_seconds.get(key, 0.0) + waited
 
     def _preempt(self, req: Request) -> None:
         if self.first_preemption_at is None:
@@ -569,13 +600,18 @@ class Engine:
         k = min(k, self._steps_blocks_last(k))
         if k < 2:
             return False
+        binding: tuple[str, ...] = ()
         if not self.waiting:
             reason = "none"
+        elif self.stalled:
+            reason = "stalled"
         else:
-            reason = "stalled" if self.stalled else "max_num_seqs" if full else "kv_cache"
+            reason = "max_num_seqs" if full else "kv_cache"
+            no_room = not full or not self._admissible(self.waiting[0])
+            binding = self._binding(full=full, spent=False, no_room=no_room)
         start = self.now
         self._apply_decode(k, attended)
-        self._note(reason, self.now - start, at=start)
+        self._note(reason, self.now - start, at=start, binding=binding)
         return True
 
     def _steps_within(self, seconds: float, attended: int, n: int, limit: int) -> int:

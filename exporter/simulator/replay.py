@@ -66,6 +66,8 @@ class Replay:
     first_preemption_at: float | None  # when vLLM first preempted (not when it counted)
     # Request-seconds of waiting per reason over the run (the simulator's truth).
     request_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # The same by the set of resources that bound at once ("compute+kv_cache").
+    binding_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class _SimulatedClient:
@@ -129,7 +131,14 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
             )
         )
     await poller.close()
-    return Replay(scenario, ticks, sim.engine.first_preemption_at, dict(sim.engine.request_seconds))
+    engine = sim.engine
+    return Replay(
+        scenario,
+        ticks,
+        engine.first_preemption_at,
+        dict(engine.request_seconds),
+        dict(engine.binding_seconds),
+    )
 
 
 def replay(scenario: Scenario, interval: float = 2.0) -> Replay:

@@ -51,6 +51,32 @@ def test_a_spent_budget_with_a_head_the_free_blocks_would_not_hold_reads_kv_cach
     assert e.reason == "kv_cache"
 
 
+def test_a_spent_budget_and_a_head_too_long_for_the_free_blocks_both_bind() -> None:
+    e = engine(num_blocks=71, max_num_batched_tokens=256)  # as above: labelled kv_cache
+    e.submit(800, 4)
+    e.submit(1000, 4)
+    e.step()
+    assert set(e.binding_seconds) == {"kv_cache+compute"}
+    assert e.binding_seconds["kv_cache+compute"] == e.request_seconds["kv_cache"]
+
+
+def test_a_spent_budget_with_a_head_that_fits_binds_alone() -> None:
+    e = engine(max_num_batched_tokens=256)
+    for _ in range(6):
+        e.submit(1000, 4)
+    e.step()
+    assert set(e.binding_seconds) == {"compute"}
+
+
+def test_a_full_batch_whose_head_would_not_fit_either_binds_both() -> None:
+    e = engine(num_blocks=41, max_num_seqs=1)  # 640 tokens: the second 400 would not fit
+    e.submit(400, 200)
+    e.submit(400, 200)
+    e.run_until(0.5)
+    assert e.reason == "max_num_seqs"
+    assert set(e.binding_seconds) == {"kv_cache+max_num_seqs"}
+
+
 def test_a_budget_spent_recomputing_a_preempted_request_reads_kv_cache() -> None:
     e = engine(num_blocks=21, max_num_batched_tokens=32)  # 20 usable blocks
     e.submit(150, 15)  # needs an 11th block at its 11th token: the last one goes
