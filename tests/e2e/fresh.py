@@ -11,7 +11,12 @@
   wait while the cache sits mostly empty and nothing is preempted: a queue that is not KV
   pressure.
 
-Both record the sidecar's own gauges (``Reading``) every ``READ_EVERY_S`` and vLLM's
+* **A queue behind max_num_seqs** — the same Llama with a batch of at most
+  ``BATCH_MAX_SEQS``, a cache of 400 blocks of 128, and short prompts with long answers all
+  at once: most requests wait for a batch slot while the cache sits nearly empty. The
+  sidecar reads the flag from vLLM's command line, as in a pod.
+
+All record the sidecar's own gauges (``Reading``) every ``READ_EVERY_S`` and vLLM's
 /metrics every 0.25 s, so a failure shows what the sidecar said over time. Everything
 started is stopped by process group, whatever happens.
 """
@@ -31,7 +36,8 @@ from tests.e2e.gauges import Reading, reading
 from tests.e2e.vllm_harness import Request, RunResult, Sample, VllmServer, drive
 from tests.processes import Sidecar
 
-COLD, COMPUTE = "cold-start", "compute-bound"  # the servers' names in the session's fleet
+# The servers' names in the session's fleet.
+COLD, COMPUTE, BATCH = "cold-start", "compute-bound", "max-num-seqs-bound"
 CONFIG = FIXTURES / "vllm" / "tinyllama.config.json"
 READ_EVERY_S = 0.5  # the sidecar polls vLLM every 2 s (its default); read its page faster
 SIDECAR_ARGS = ("--model.path", str(CONFIG), "--no-nvml.enabled")
@@ -63,6 +69,18 @@ COMPUTE_WAVE = 64
 COMPUTE_PROMPT = (1000, 1900)
 COMPUTE_GENERATION = (4, 16)
 COMPUTE_SEED = 1300
+# A queue behind max_num_seqs: 40 requests, 4 at a time, each at most 900 tokens of a
+# 51,200-token cache; about ten rounds of ~600 decode steps keep the queue there for
+# many of the sidecar's polls.
+BATCH_MAX_SEQS = 4
+BATCH_ARGS = (
+    "--num-gpu-blocks-override", "400", "--block-size", "128",
+    "--max-num-seqs", str(BATCH_MAX_SEQS),
+)  # fmt: skip
+BATCH_REQUESTS = 40
+BATCH_PROMPT = (100, 200)
+BATCH_GENERATION = (500, 700)
+BATCH_SEED = 1400
 # The sidecar's first polls see requests it has not watched finish; from this many seconds
 # after it started the bottleneck gauge must name the resource.
 SETTLE_S = 10.0
@@ -142,6 +160,22 @@ class ComputeRun:
         return sum(w.preemptions for w in self.waves)
 
 
+@dataclass
+class BatchRun:
+    sidecar_started: float = 0.0
+    readings: list[Reading] = field(default_factory=list)
+    result: RunResult | None = None
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self.result.samples if self.result else []
+
+    @property
+    def queued(self) -> list[Reading]:
+        """The sidecar's readings while it saw requests wait."""
+        return [r for r in self.readings if r.waiting is not None and r.waiting >= 1]
+
+
 async def _read(sidecar: Sidecar, into: list[Reading], stop: asyncio.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(AssertionError, OSError):  # a slow page: the next read
@@ -215,6 +249,35 @@ async def run_compute_bound(server: VllmServer) -> ComputeRun:
     return run
 
 
+def batch_requests() -> list[Request]:
+    rng = random.Random(BATCH_SEED)
+    return [
+        Request(rng.randint(*BATCH_PROMPT), rng.randint(*BATCH_GENERATION),
+                prompt_seed=BATCH_SEED * 1000 + i)
+        for i in range(BATCH_REQUESTS)
+    ]  # fmt: skip
+
+
+async def run_batch_bound(server: VllmServer) -> BatchRun:
+    """A fresh sidecar on the fresh ``server``; every request at once."""
+    run = BatchRun()
+    stop = asyncio.Event()
+    with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
+        await asyncio.to_thread(sidecar.start)
+        run.sidecar_started = time.time()
+        reader = asyncio.create_task(_read(sidecar, run.readings, stop))
+        try:
+            requests = batch_requests()
+            run.result = await drive(
+                server.url, requests, concurrency=len(requests), model=server.model
+            )
+        finally:
+            stop.set()
+            await reader
+        assert "Traceback" not in sidecar.log(tail=1_000_000), sidecar.log()
+    return run
+
+
 def cold_server() -> VllmServer:
     # The same Llama with room for COLD_MAX_LEN positions (its weights are dummies anyway).
     config = {**json.loads(CONFIG.read_text()), "max_position_embeddings": COLD_MAX_LEN}
@@ -231,6 +294,12 @@ def cold_server() -> VllmServer:
 def compute_server() -> VllmServer:
     return VllmServer(
         CONFIG, name="tinyllama", extra_args=COMPUTE_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "1"}
+    )
+
+
+def batch_server() -> VllmServer:
+    return VllmServer(
+        CONFIG, name="tinyllama", extra_args=BATCH_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "0"}
     )
 
 
@@ -275,4 +344,19 @@ def compute_summary(run: ComputeRun) -> str:
         f"{run.preemptions:g} preemptions; risk while queued at most {risk_text}; "
         f"bottleneck compute in {compute} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
         f"{run.waves[-1].finished_at - run.sidecar_started if run.waves else 0:.0f} s in all"
+    )
+
+
+def batch_summary(run: BatchRun) -> str:
+    samples = run.samples
+    late = [r for r in run.queued if r.t >= run.sidecar_started + SETTLE_S]
+    named = sum(r.bottleneck == "max_num_seqs" for r in late)
+    risk = max((r.risk for r in run.queued if r.risk is not None), default=float("nan"))
+    preemptions = run.result.preemptions if run.result else 0
+    return (
+        f"max_num_seqs-bound queue: up to {max((s.waiting for s in samples), default=0):g} "
+        f"waiting, KV usage at most {max((s.usage for s in samples), default=0):.0%}, "
+        f"{preemptions:g} preemptions; risk while queued at most {risk:.2f}; bottleneck "
+        f"max_num_seqs in {named} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
+        f"{run.result.finished_at - run.sidecar_started if run.result else 0:.0f} s in all"
     )

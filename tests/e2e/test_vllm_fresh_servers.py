@@ -3,7 +3,8 @@
 A cold start into a burst must get ``preemption_risk`` above the alert threshold before
 vLLM's first preemption, on a figure that says it rests on priors; a queue held back by
 prefill compute (the issue's reproduction) must keep the risk below the threshold while
-the bottleneck gauge says ``compute``. On a failure the message is the sidecar's gauges
+the bottleneck gauge says ``compute``; a queue behind ``max_num_seqs`` likewise, with the
+gauge saying ``max_num_seqs``. On a failure the message is the sidecar's gauges
 over time.
 """
 
@@ -12,13 +13,22 @@ from __future__ import annotations
 import pytest
 
 from exporter.risk.model import ALERT_THRESHOLD, TREND_MIN_SECONDS
-from tests.e2e.fresh import COLD_IDLE_S, COMPUTE_WAVE, SETTLE_S, ColdStartRun, ComputeRun
+from tests.e2e.fresh import (
+    BATCH_MAX_SEQS,
+    BATCH_REQUESTS,
+    COLD_IDLE_S,
+    COMPUTE_WAVE,
+    SETTLE_S,
+    BatchRun,
+    ColdStartRun,
+    ComputeRun,
+)
 from tests.e2e.gauges import timeline as _timeline
 
 pytestmark = pytest.mark.vllm
 
 
-def timeline(run: ColdStartRun | ComputeRun, until: float | None = None) -> str:
+def timeline(run: ColdStartRun | ComputeRun | BatchRun, until: float | None = None) -> str:
     return "sidecar's gauges, seconds after it started:\n" + _timeline(
         run.readings, run.sidecar_started, until
     )
@@ -85,3 +95,32 @@ def test_the_bottleneck_gauge_says_compute_while_requests_wait(
     assert late, timeline(compute_bound)
     wrong = [r for r in late if r.bottleneck != "compute"]
     assert not wrong, timeline(compute_bound, wrong[-1].t + 10)
+
+
+def test_the_batch_bound_workload_queues_behind_max_num_seqs_on_a_mostly_free_cache(
+    batch_bound: BatchRun,
+) -> None:
+    samples = batch_bound.samples
+    assert max(s.running for s in samples) == BATCH_MAX_SEQS
+    assert max(s.waiting for s in samples) >= BATCH_REQUESTS / 2
+    assert max(s.usage for s in samples) < 0.5
+    assert batch_bound.result is not None
+    assert batch_bound.result.preemptions == 0
+
+
+def test_the_risk_stays_below_the_threshold_while_max_num_seqs_holds_the_queue(
+    batch_bound: BatchRun,
+) -> None:
+    queued = batch_bound.queued
+    assert queued, timeline(batch_bound)
+    high = [r for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    assert not high, timeline(batch_bound, high[-1].t + 10)
+
+
+def test_the_bottleneck_gauge_says_max_num_seqs_while_requests_wait_for_a_slot(
+    batch_bound: BatchRun,
+) -> None:
+    late = [r for r in batch_bound.queued if r.t >= batch_bound.sidecar_started + SETTLE_S]
+    assert late, timeline(batch_bound)
+    wrong = [r for r in late if r.bottleneck != "max_num_seqs"]
+    assert not wrong, timeline(batch_bound, wrong[-1].t + 10)

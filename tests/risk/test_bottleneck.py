@@ -67,6 +67,17 @@ def test_the_gauge_shows_a_burst_at_once_though_the_poll_before_saw_no_queue() -
     assert settled(classify(pts, CAPACITY, 64, 1500), pts).resource == "compute"
 
 
+def test_the_gauge_shows_a_request_vllm_evicted_though_the_poll_before_saw_no_queue() -> None:
+    # Real vLLM (e2e cold start): 2 running, then 1 running and 1 waiting with nobody
+    # finished, and vLLM's preemption counter still at 0 (it moves at the reschedule).
+    pts = polls(60, usage=0.9, running=2, waiting=0, preemptions=0.0)
+    p = pts[-1]
+    pts[-1] = Point(p.t, 0.53, 1, 1, pts[-2].finished, p.generated, 0, prompt=pts[-2].prompt,
+                    preemptions=0.0)  # fmt: skip
+    # Nothing has finished: what the running request holds stands in for a prompt.
+    assert settled(classify(pts, CAPACITY, 64, None), pts).resource == "kv_cache"
+
+
 def test_the_gauge_shows_a_queue_at_the_first_poll() -> None:
     # Nothing before it to tell a queue from a request between steps (a cold start).
     first = polls(60, usage=0.1, running=6, waiting=58)[:1]
