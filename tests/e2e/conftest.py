@@ -14,7 +14,7 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,15 +22,13 @@ from tests.e2e.fresh import (
     BATCH,
     COLD,
     COMPUTE,
-    BatchRun,
     ColdStartRun,
-    ComputeRun,
+    QueueRun,
     batch_server,
-    batch_summary,
     cold_server,
     cold_summary,
     compute_server,
-    compute_summary,
+    queue_summary,
     run_batch_bound,
     run_cold_start,
     run_compute_bound,
@@ -113,8 +111,8 @@ class FreshRuns:
     """The runs on fresh servers, or what each raised (raised again by its fixture)."""
 
     cold: ColdStartRun | BaseException | None = None
-    compute: ComputeRun | BaseException | None = None
-    batch: BatchRun | BaseException | None = None
+    compute: QueueRun | BaseException | None = None
+    batch: QueueRun | BaseException | None = None
 
 
 async def _run_fresh(servers: dict[str, VllmServer], into: FreshRuns) -> None:
@@ -166,28 +164,30 @@ def fresh_runs(request: pytest.FixtureRequest, fresh_servers: dict[str, VllmServ
     return _FRESH[0]
 
 
+T = TypeVar("T")
+
+
+def _outcome(value: T | BaseException | None) -> T:
+    """A fresh run's result, or what it raised, raised again."""
+    if isinstance(value, BaseException):
+        raise value
+    assert value is not None
+    return value
+
+
 @pytest.fixture(scope="session")
 def cold_start(fresh_runs: FreshRuns) -> ColdStartRun:
-    if isinstance(fresh_runs.cold, BaseException):
-        raise fresh_runs.cold
-    assert fresh_runs.cold is not None
-    return fresh_runs.cold
+    return _outcome(fresh_runs.cold)
 
 
 @pytest.fixture(scope="session")
-def compute_bound(fresh_runs: FreshRuns) -> ComputeRun:
-    if isinstance(fresh_runs.compute, BaseException):
-        raise fresh_runs.compute
-    assert fresh_runs.compute is not None
-    return fresh_runs.compute
+def compute_bound(fresh_runs: FreshRuns) -> QueueRun:
+    return _outcome(fresh_runs.compute)
 
 
 @pytest.fixture(scope="session")
-def batch_bound(fresh_runs: FreshRuns) -> BatchRun:
-    if isinstance(fresh_runs.batch, BaseException):
-        raise fresh_runs.batch
-    assert fresh_runs.batch is not None
-    return fresh_runs.batch
+def batch_bound(fresh_runs: FreshRuns) -> QueueRun:
+    return _outcome(fresh_runs.batch)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -199,10 +199,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         fresh = _FRESH[0]
         if isinstance(fresh.cold, ColdStartRun):
             terminalreporter.write_line(cold_summary(fresh.cold))
-        if isinstance(fresh.compute, ComputeRun):
-            terminalreporter.write_line(compute_summary(fresh.compute))
-        if isinstance(fresh.batch, BatchRun):
-            terminalreporter.write_line(batch_summary(fresh.batch))
+        if isinstance(fresh.compute, QueueRun):
+            terminalreporter.write_line(
+                queue_summary("compute-bound queue", fresh.compute, "compute")
+            )
+        if isinstance(fresh.batch, QueueRun):
+            terminalreporter.write_line(
+                queue_summary("max_num_seqs-bound queue", fresh.batch, "max_num_seqs")
+            )
 
 
 # The overload the fidelity check looks at: the shape of the recorded fixture run, sent all

@@ -141,7 +141,10 @@ class ColdStartRun:
 
 
 @dataclass
-class ComputeRun:
+class QueueRun:
+    """A run whose queue is held back by something other than the cache: batches of
+    requests, each sent at once when the previous one has finished."""
+
     sidecar_started: float = 0.0
     readings: list[Reading] = field(default_factory=list)
     waves: list[RunResult] = field(default_factory=list)
@@ -156,24 +159,13 @@ class ComputeRun:
         return [r for r in self.readings if r.waiting is not None and r.waiting >= 1]
 
     @property
+    def settled(self) -> list[Reading]:
+        """The queued readings from SETTLE_S after the sidecar started."""
+        return [r for r in self.queued if r.t >= self.sidecar_started + SETTLE_S]
+
+    @property
     def preemptions(self) -> float:
         return sum(w.preemptions for w in self.waves)
-
-
-@dataclass
-class BatchRun:
-    sidecar_started: float = 0.0
-    readings: list[Reading] = field(default_factory=list)
-    result: RunResult | None = None
-
-    @property
-    def samples(self) -> list[Sample]:
-        return self.result.samples if self.result else []
-
-    @property
-    def queued(self) -> list[Reading]:
-        """The sidecar's readings while it saw requests wait."""
-        return [r for r in self.readings if r.waiting is not None and r.waiting >= 1]
 
 
 async def _read(sidecar: Sidecar, into: list[Reading], stop: asyncio.Event) -> None:
@@ -203,6 +195,15 @@ def compute_wave(wave: int) -> list[Request]:
     ]  # fmt: skip
 
 
+def batch_requests() -> list[Request]:
+    rng = random.Random(BATCH_SEED)
+    return [
+        Request(rng.randint(*BATCH_PROMPT), rng.randint(*BATCH_GENERATION),
+                prompt_seed=BATCH_SEED * 1000 + i)
+        for i in range(BATCH_REQUESTS)
+    ]  # fmt: skip
+
+
 async def run_cold_start(server: VllmServer) -> ColdStartRun:
     """A fresh sidecar on the fresh ``server``; the burst COLD_IDLE_S after it answered."""
     run = ColdStartRun()
@@ -226,18 +227,17 @@ async def run_cold_start(server: VllmServer) -> ColdStartRun:
     return run
 
 
-async def run_compute_bound(server: VllmServer) -> ComputeRun:
-    """A fresh sidecar on the fresh ``server``; COMPUTE_WAVES waves of long prompts with
-    short answers, each sent all at once when the previous one has finished."""
-    run = ComputeRun()
+async def _run_queue(server: VllmServer, waves: list[list[Request]]) -> QueueRun:
+    """A fresh sidecar on the fresh ``server``; each wave sent at once when the previous
+    one has finished."""
+    run = QueueRun()
     stop = asyncio.Event()
     with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
         await asyncio.to_thread(sidecar.start)
         run.sidecar_started = time.time()
         reader = asyncio.create_task(_read(sidecar, run.readings, stop))
         try:
-            for wave in range(COMPUTE_WAVES):
-                requests = compute_wave(wave)
+            for requests in waves:
                 run.waves.append(
                     await drive(server.url, requests, concurrency=len(requests),
                                 model=server.model)
@@ -249,33 +249,14 @@ async def run_compute_bound(server: VllmServer) -> ComputeRun:
     return run
 
 
-def batch_requests() -> list[Request]:
-    rng = random.Random(BATCH_SEED)
-    return [
-        Request(rng.randint(*BATCH_PROMPT), rng.randint(*BATCH_GENERATION),
-                prompt_seed=BATCH_SEED * 1000 + i)
-        for i in range(BATCH_REQUESTS)
-    ]  # fmt: skip
+async def run_compute_bound(server: VllmServer) -> QueueRun:
+    """COMPUTE_WAVES waves of long prompts with short answers."""
+    return await _run_queue(server, [compute_wave(w) for w in range(COMPUTE_WAVES)])
 
 
-async def run_batch_bound(server: VllmServer) -> BatchRun:
-    """A fresh sidecar on the fresh ``server``; every request at once."""
-    run = BatchRun()
-    stop = asyncio.Event()
-    with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
-        await asyncio.to_thread(sidecar.start)
-        run.sidecar_started = time.time()
-        reader = asyncio.create_task(_read(sidecar, run.readings, stop))
-        try:
-            requests = batch_requests()
-            run.result = await drive(
-                server.url, requests, concurrency=len(requests), model=server.model
-            )
-        finally:
-            stop.set()
-            await reader
-        assert "Traceback" not in sidecar.log(tail=1_000_000), sidecar.log()
-    return run
+async def run_batch_bound(server: VllmServer) -> QueueRun:
+    """Short prompts with long answers, all at once."""
+    return await _run_queue(server, [batch_requests()])
 
 
 def cold_server() -> VllmServer:
@@ -326,11 +307,10 @@ def cold_summary(run: ColdStartRun) -> str:
     )
 
 
-def compute_summary(run: ComputeRun) -> str:
+def queue_summary(what: str, run: QueueRun, resource: str) -> str:
     samples = run.samples
     queued = run.queued
-    late = [r for r in queued if r.t >= run.sidecar_started + SETTLE_S]
-    compute = sum(r.bottleneck == "compute" for r in late)
+    named = sum(r.bottleneck == resource for r in run.settled)
     risk = max((r.risk for r in queued if r.risk is not None), default=float("nan"))
     since = run.sidecar_started
     high = [r.t - since for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
@@ -339,24 +319,10 @@ def compute_summary(run: ComputeRun) -> str:
     else:
         risk_text = f"{risk:.2f}"
     return (
-        f"compute-bound queue: up to {max((s.waiting for s in samples), default=0):g} waiting, "
+        f"{what}: up to {max((s.waiting for s in samples), default=0):g} waiting, "
         f"KV usage at most {max((s.usage for s in samples), default=0):.0%}, "
         f"{run.preemptions:g} preemptions; risk while queued at most {risk_text}; "
-        f"bottleneck compute in {compute} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
+        f"bottleneck {resource} in {named} of {len(run.settled)} queued readings after "
+        f"{SETTLE_S:.0f} s; "
         f"{run.waves[-1].finished_at - run.sidecar_started if run.waves else 0:.0f} s in all"
-    )
-
-
-def batch_summary(run: BatchRun) -> str:
-    samples = run.samples
-    late = [r for r in run.queued if r.t >= run.sidecar_started + SETTLE_S]
-    named = sum(r.bottleneck == "max_num_seqs" for r in late)
-    risk = max((r.risk for r in run.queued if r.risk is not None), default=float("nan"))
-    preemptions = run.result.preemptions if run.result else 0
-    return (
-        f"max_num_seqs-bound queue: up to {max((s.waiting for s in samples), default=0):g} "
-        f"waiting, KV usage at most {max((s.usage for s in samples), default=0):.0%}, "
-        f"{preemptions:g} preemptions; risk while queued at most {risk:.2f}; bottleneck "
-        f"max_num_seqs in {named} of {len(late)} queued readings after {SETTLE_S:.0f} s; "
-        f"{run.result.finished_at - run.sidecar_started if run.result else 0:.0f} s in all"
     )

@@ -18,17 +18,15 @@ from tests.e2e.fresh import (
     BATCH_REQUESTS,
     COLD_IDLE_S,
     COMPUTE_WAVE,
-    SETTLE_S,
-    BatchRun,
     ColdStartRun,
-    ComputeRun,
+    QueueRun,
 )
 from tests.e2e.gauges import timeline as _timeline
 
 pytestmark = pytest.mark.vllm
 
 
-def timeline(run: ColdStartRun | ComputeRun | BatchRun, until: float | None = None) -> str:
+def timeline(run: ColdStartRun | QueueRun, until: float | None = None) -> str:
     return "sidecar's gauges, seconds after it started:\n" + _timeline(
         run.readings, run.sidecar_started, until
     )
@@ -70,8 +68,22 @@ def test_the_cold_start_warning_says_it_rests_on_priors(cold_start: ColdStartRun
     assert warning.history <= warning.t - cold_start.sidecar_spawned + 0.5
 
 
+def assert_calm(run: QueueRun) -> None:
+    """No reading at or above the alert threshold while the sidecar saw requests wait."""
+    assert run.queued, timeline(run)
+    high = [r for r in run.queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    assert not high, timeline(run, high[-1].t + 10)
+
+
+def assert_named(run: QueueRun, resource: str) -> None:
+    """The bottleneck gauge names ``resource`` at every queued reading once settled."""
+    assert run.settled, timeline(run)
+    wrong = [r for r in run.settled if r.bottleneck != resource]
+    assert not wrong, timeline(run, wrong[-1].t + 10)
+
+
 def test_the_compute_bound_workload_queues_dozens_on_a_mostly_free_cache(
-    compute_bound: ComputeRun,
+    compute_bound: QueueRun,
 ) -> None:
     samples = compute_bound.samples
     assert max(s.waiting for s in samples) >= COMPUTE_WAVE / 2
@@ -80,47 +92,34 @@ def test_the_compute_bound_workload_queues_dozens_on_a_mostly_free_cache(
 
 
 def test_the_risk_stays_below_the_threshold_while_compute_holds_the_queue(
-    compute_bound: ComputeRun,
+    compute_bound: QueueRun,
 ) -> None:
-    queued = compute_bound.queued
-    assert queued, timeline(compute_bound)
-    high = [r for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
-    assert not high, timeline(compute_bound, high[-1].t + 10)
+    assert_calm(compute_bound)
 
 
 def test_the_bottleneck_gauge_says_compute_while_requests_wait(
-    compute_bound: ComputeRun,
+    compute_bound: QueueRun,
 ) -> None:
-    late = [r for r in compute_bound.queued if r.t >= compute_bound.sidecar_started + SETTLE_S]
-    assert late, timeline(compute_bound)
-    wrong = [r for r in late if r.bottleneck != "compute"]
-    assert not wrong, timeline(compute_bound, wrong[-1].t + 10)
+    assert_named(compute_bound, "compute")
 
 
 def test_the_batch_bound_workload_queues_behind_max_num_seqs_on_a_mostly_free_cache(
-    batch_bound: BatchRun,
+    batch_bound: QueueRun,
 ) -> None:
     samples = batch_bound.samples
     assert max(s.running for s in samples) == BATCH_MAX_SEQS
     assert max(s.waiting for s in samples) >= BATCH_REQUESTS / 2
     assert max(s.usage for s in samples) < 0.5
-    assert batch_bound.result is not None
-    assert batch_bound.result.preemptions == 0
+    assert batch_bound.preemptions == 0
 
 
 def test_the_risk_stays_below_the_threshold_while_max_num_seqs_holds_the_queue(
-    batch_bound: BatchRun,
+    batch_bound: QueueRun,
 ) -> None:
-    queued = batch_bound.queued
-    assert queued, timeline(batch_bound)
-    high = [r for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
-    assert not high, timeline(batch_bound, high[-1].t + 10)
+    assert_calm(batch_bound)
 
 
 def test_the_bottleneck_gauge_says_max_num_seqs_while_requests_wait_for_a_slot(
-    batch_bound: BatchRun,
+    batch_bound: QueueRun,
 ) -> None:
-    late = [r for r in batch_bound.queued if r.t >= batch_bound.sidecar_started + SETTLE_S]
-    assert late, timeline(batch_bound)
-    wrong = [r for r in late if r.bottleneck != "max_num_seqs"]
-    assert not wrong, timeline(batch_bound, wrong[-1].t + 10)
+    assert_named(batch_bound, "max_num_seqs")
