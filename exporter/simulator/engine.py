@@ -359,10 +359,11 @@ class Engine:
                 recomputing = any(
                     r.preemptions and r.num_tokens - r.num_computed > 1 for r, _ in scheduled
                 )
+                spent = budget <= 0
                 binding = self._binding(
                     full=reason == "max_num_seqs",
-                    spent=budget <= 0,
-                    no_room=recomputing or not self._admissible(self.waiting[0]),
+                    spent=spent,
+                    no_room=(recomputing and spent) or not self._admissible(self.waiting[0]),
                 )
             # A spent budget is the cache's doing when part of it went to recomputing
             # preempted requests (with room for them, those tokens were the queue's), or
@@ -378,7 +379,7 @@ class Engine:
     def _binding(*, full: bool, spent: bool, no_room: bool) -> tuple[str, ...]:
         """Every resource that alone would keep the head waiting this step, in REASONS
         order: the batch is full, the step's token budget is spent, the cache has no room
-        for the head (or the budget went partly to recomputing preempted requests)."""
+        for the head (or the spent budget went partly to recomputing preempted requests)."""
         held = {"kv_cache": no_room, "max_num_seqs": full, "compute": spent}
         return tuple(r for r in REASONS if held.get(r))
 

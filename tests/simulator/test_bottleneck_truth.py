@@ -86,10 +86,14 @@ def test_a_budget_spent_recomputing_a_preempted_request_reads_kv_cache() -> None
     e.submit(8, 4)  # would fit any free block; waits behind b's recompute
     while b not in e.running:
         e.step()
+    before = dict(e.binding_seconds)
     e.step()  # b recomputes its context 32 tokens a step, the budget's all
     assert b.num_computed < b.num_tokens - 1
     assert e.waiting
     assert e.reason == "kv_cache"
+    # The budget binds too: the step counts for both.
+    grown = {k for k, v in e.binding_seconds.items() if v > before.get(k, 0.0)}
+    assert grown == {"kv_cache+compute"}
 
 
 def test_blocks_too_few_for_the_head_read_kv_cache() -> None:
