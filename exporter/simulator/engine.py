@@ -356,14 +356,14 @@ class Engine:
         else:
             budget, reason = self._admit(budget, scheduled)
             if reason in ("compute", "max_num_seqs"):
-                recomputing = any(
+                spent = budget <= 0
+                recomputing = spent and any(
                     r.preemptions and r.num_tokens - r.num_computed > 1 for r, _ in scheduled
                 )
-                spent = budget <= 0
                 binding = self._binding(
                     full=reason == "max_num_seqs",
                     spent=spent,
-                    no_room=(recomputing and spent) or not self._admissible(self.waiting[0]),
+                    no_room=recomputing or not self._admissible(self.waiting[0]),
                 )
             # A spent budget is the cache's doing when part of it went to recomputing
             # preempted requests (with room for them, those tokens were the queue's), or
