@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -185,14 +186,16 @@ def read_page(body: bytes) -> VllmPage:
     except UnicodeDecodeError as e:
         raise SourceError("decode", f"/metrics is not UTF-8 (byte {e.start})") from None
     page = parse_page(text)
+    parsed: str | None = None  # the rewritten text, for a dialect's page
     if not page.engines:
         # Ray Serve LLM's or NVIDIA NIM's page: vLLM's series under other names.
         other = as_vllm(text)
         if other is not None:
             page = replace(parse_page(other[1]), dialect=other[0])
+            parsed = other[1]
     if not page.engines:
         raise SourceError("no_vllm_metrics", "/metrics answered but holds no vllm: series")
-    problem = incomplete(page, text)
+    problem = incomplete(page, text, parsed=parsed)
     if problem:
         raise SourceError("incomplete", f"/metrics: {problem}")
     lacking = missing(page)
@@ -207,20 +210,34 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
-def incomplete(page: VllmPage, text: str) -> str | None:
+# A sample of the running gauge (not its HELP or TYPE line), for telling an absent series
+# from an unreadable one.
+_RUNNING_SAMPLE = re.compile(r"^vllm:num_requests_running[{\s]", re.MULTILINE)
+
+
+def incomplete(page: VllmPage, text: str, *, parsed: str | None = None) -> str | None:
     """Why a page cannot be trusted whole, or None.
 
     The exposition format ends every line with a newline, so a missing one means the body
-    was cut; every release exposes, per engine, running requests and KV usage; and a
-    ``cache_config_info`` that is there must hold sizes the sidecar can divide by. One
-    that is absent (an older or trimmed exporter) is not a reason to distrust the rest:
-    ``missing`` names it and the page is used for what it has.
+    was cut; every release exposes, per engine, KV usage; a running-requests gauge that is
+    on the page must be readable for every engine (NaN, -3, -Inf there are a broken page);
+    and a ``cache_config_info`` that is there must hold sizes the sidecar can divide by.
+    A series that is absent altogether (an older or trimmed exporter: ``cache_config_info``,
+    ``num_requests_running``) is not a reason to distrust the rest: ``missing`` names it and
+    the page is used for what it has. ``parsed`` is the text the page was parsed from when
+    it is not ``text`` (a dialect's page rewritten into vLLM's names).
     """
     if not text.endswith("\n"):
         return "the page ends mid-line (truncated)"
+    running_on_page: bool | None = None  # searched for only when an engine lacks it
     for e in page.engines:
-        if e.running is None or e.kv_usage is None:
-            return f"engine {e.engine} lacks num_requests_running or the KV usage gauge"
+        if e.kv_usage is None:
+            return f"engine {e.engine} lacks the KV usage gauge"
+        if e.running is None:
+            if running_on_page is None:
+                running_on_page = _RUNNING_SAMPLE.search(parsed or text) is not None
+            if running_on_page:
+                return f"engine {e.engine} lacks a usable num_requests_running"
         cc = e.cache_config
         if not cc or "block_size" not in cc:
             continue
@@ -234,10 +251,14 @@ def incomplete(page: VllmPage, text: str) -> str | None:
 
 def missing(page: VllmPage) -> tuple[str, ...]:
     """What the sidecar reads that this page lacks: ``cache_config_info`` (or its
-    ``block_size`` label) on any engine means no observed capacity for that engine."""
+    ``block_size`` label) on any engine means no observed capacity for that engine;
+    ``num_requests_running`` (releases and exporters without it) means no running count."""
+    lacking: list[str] = []
     if any(not e.cache_config or "block_size" not in e.cache_config for e in page.engines):
-        return ("cache_config_info",)
-    return ()
+        lacking.append("cache_config_info")
+    if any(e.running is None for e in page.engines):
+        lacking.append("num_requests_running")
+    return tuple(lacking)
 
 
 async def gather_vllm(

@@ -12,6 +12,7 @@ from exporter.config import Config
 from exporter.metrics import families_by_name
 from exporter.server import create_app
 from tests.sidecar.conftest import FakeVllm, MakeRig, fixture_page, unused_port
+from tests.sources.test_real_pages import served, without_series
 
 
 def value(text: str, name: str, **labels: str) -> float | None:
@@ -102,6 +103,19 @@ async def test_a_page_without_cache_config_info_is_used_for_what_it_has(
     assert value(rig.text, "kv_headroom_kv_capacity_blocks", source="observed") is None
     missing = families_by_name(rig.text)["kv_headroom_source_missing_info"]
     assert missing == [({"source": "vllm", "what": "cache_config_info"}, 1.0)]
+
+
+async def test_an_old_page_without_running_requests_keeps_vllm_up_and_says_what_it_lacks(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    page = served("datadog-v0-0.5-opt125m.txt").decode()
+    fake_vllm.page = without_series(page, "vllm:num_requests_running")
+    rig = await make_rig(fake_vllm.url, model_path=None)
+    await rig.poll()
+    assert vllm_up(rig.text) == 1
+    assert value(rig.text, "kv_headroom_kv_usage_ratio") == 0
+    missing = families_by_name(rig.text)["kv_headroom_source_missing_info"]
+    assert missing == [({"source": "vllm", "what": "num_requests_running"}, 1.0)]
 
 
 async def test_a_missing_cache_config_info_is_logged_once_and_its_return_once(

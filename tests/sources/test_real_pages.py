@@ -217,3 +217,23 @@ def test_v1_spec_decode_page_details() -> None:
     assert (e.prompt_len.count, e.prompt_len.sum) == (26, 3_675_428)
     assert e.max_tokens_param is not None
     assert e.max_tokens_param.sum == 17_876_221
+
+
+def without_series(text: str, name: str) -> str:
+    """The page with every sample of ``name`` removed (its HELP and TYPE lines kept), as an
+    exporter that never sets the gauge serves it."""
+    return "".join(
+        line for line in text.splitlines(keepends=True) if not line.startswith(name + "{")
+    )
+
+
+def test_an_old_page_without_running_requests_is_read_for_what_it_has() -> None:
+    page_text = served("datadog-v0-0.5-opt125m.txt").decode()
+    text = without_series(page_text, "vllm:num_requests_running")
+    assert "vllm:num_requests_running{" not in text  # the fixture's one sample is gone
+    page = read_page(text.encode())
+    (e,) = page.engines
+    (seen,) = READABLE["datadog-v0-0.5-opt125m.txt"]
+    assert e.running is None
+    assert (e.waiting, e.kv_usage, e.preemptions) == (seen.waiting, seen.kv_usage, seen.preemptions)
+    assert page.missing == ("num_requests_running",)
