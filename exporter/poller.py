@@ -83,10 +83,12 @@ class Poller:
         config, deps = self.config, self._deps
         within = config.vllm_timeout_seconds
         sources: list[Source] = [VllmSource(self._client)]
+        url = urlsplit(config.vllm_url)
         sources.append(
             ProcessSource(
                 proc_path=config.proc_path,
-                port=urlsplit(config.vllm_url).port or 80,
+                host=url.hostname or "",
+                port=url.port or (443 if url.scheme == "https" else 80),
                 within=within,
                 find=deps.find_processes,
                 read_flags=deps.read_flags,

@@ -17,6 +17,7 @@ Suffixes follow vLLM's ``human_readable_int``: ``k``/``m``/``g``/``t`` are power
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -32,6 +33,7 @@ from exporter.log import get_logger
 from exporter.sources.base import Jobs, Outcome, Readings, Stage
 
 PROCESS_SCAN_SECONDS = 30.0
+VLLM_DEFAULT_PORT = 8000  # vLLM's --port when the command line does not set it
 
 
 @dataclass(frozen=True)
@@ -367,11 +369,46 @@ def find_vllm_processes(proc_path: str = "/proc") -> list[VllmProcess]:
     ]
 
 
+def _loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _every_interface(bound: str) -> bool:
+    """vLLM without --host (uvicorn binds every interface), or with 0.0.0.0 / ::."""
+    try:
+        return not bound or ipaddress.ip_address(bound).is_unspecified
+    except ValueError:
+        return False
+
+
+def serves(flags: Flags, host: str, port: int) -> bool:
+    """Whether the vLLM started with ``flags`` is the one answering at ``host:port``.
+
+    The port must be its ``--port`` (vLLM's default when unset). The address must be its
+    ``--host``, or a loopback one when it listens on every interface (no ``--host``,
+    0.0.0.0, ::) or on loopback: the pod's own vLLM seen through localhost. Anything else
+    (a remote URL, a Service) cannot be told apart from an unrelated vLLM on this machine.
+    """
+    if flags.values.get("port", VLLM_DEFAULT_PORT) != port:
+        return False
+    bound = str(flags.values.get("host") or "").strip("[]").lower()
+    host = host.strip("[]").lower()
+    if bound and host == bound:
+        return True
+    return _loopback(host) and (_every_interface(bound) or _loopback(bound))
+
+
 class ProcessSource:
     """The vLLM process and its flags, rescanned every 30 s and after a restart.
 
     A helper, not a health source: most pods do not share their process namespace, and
-    that is no failure.
+    that is no failure. Only a process that serves ``--vllm.url`` (``serves``) is believed:
+    on a shared host another vLLM's model and flags would describe the wrong server.
     """
 
     name = "process"
@@ -382,24 +419,38 @@ class ProcessSource:
         self,
         *,
         proc_path: str,
+        host: str,
         port: int,
         within: float,
         find: Callable[[str], list[VllmProcess]],
         read_flags: Callable[[VllmProcess], Flags],
     ) -> None:
-        self._proc, self._port, self._within = proc_path, port, within
+        self._proc, self._host, self._port, self._within = proc_path, host, port, within
         self._find, self._read_flags = find, read_flags
         self._due = 0.0
         self._jobs = Jobs()
+        self._ignored: frozenset[int] = frozenset()
         self._log = get_logger()
 
-    def _scan(self) -> tuple[VllmProcess, Flags] | None:
-        found = [(p, self._read_flags(p)) for p in self._find(self._proc)]
-        # Several vLLMs on one host (not in a pod): the one serving our URL's port.
-        serving = [(p, f) for p, f in found if f.values.get("port", 8000) == self._port]
-        if serving:
-            return serving[0]
-        return found[0] if len(found) == 1 else None
+    def _scan(self) -> list[tuple[VllmProcess, Flags]]:
+        return [(p, self._read_flags(p)) for p in self._find(self._proc)]
+
+    def _choose(self, found: list[tuple[VllmProcess, Flags]]) -> tuple[VllmProcess, Flags] | None:
+        """The first process serving our URL (several vLLMs on one host: the one on our
+        port); the others are logged once per change, so a missing flag source is explained."""
+        serving = [(p, f) for p, f in found if serves(f, self._host, self._port)]
+        ignored = frozenset(p.pid for p, _ in found) - {p.pid for p, _ in serving}
+        if ignored and ignored != self._ignored:
+            others = [
+                f"pid {p.pid} at {f.values.get('host') or '*'}:"
+                f"{f.values.get('port', VLLM_DEFAULT_PORT)}"
+                for p, f in found
+                if p.pid in ignored
+            ]
+            url = f"{self._host}:{self._port}"
+            self._log.info("vllm_process_ignored", serves=others, not_serving=url)
+        self._ignored = ignored
+        return serving[0] if serving else None
 
     def due(self, now: float) -> bool:
         return now >= self._due
@@ -409,12 +460,13 @@ class ProcessSource:
             return None
         self._due = now + PROCESS_SCAN_SECONDS
         try:
-            result = await self._jobs.run("scan", self._scan, self._within)
+            found = await self._jobs.run("scan", self._scan, self._within)
         except TimeoutError:
             return None
         except Exception as e:  # an unreadable /proc entry is not worth a failed poll
             self._log.debug("process_scan_failed", error=f"{type(e).__name__}: {e}")
             return None
+        result = self._choose(found)
         if result is None:
             # Nothing found (vLLM between processes, or out of sight): the last flags seen
             # stay the best word on the deployment until a scan finds a process again.

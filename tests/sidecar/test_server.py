@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config import Config
 from exporter.poller import PollerDeps
 from exporter.server import create_app
+from exporter.sources.cmdline import PROCESS_SCAN_SECONDS
 from exporter.sources.nvml import NvmlReader
 from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig, unused_port
 from tests.sidecar.test_failures import value
@@ -129,7 +131,8 @@ async def test_flags_are_read_from_the_vllm_command_line(
 ) -> None:
     proc = tmp_path / "4242"
     proc.mkdir()
-    argv = ["vllm", "serve", TINYLLAMA, "--max-num-seqs", "16", "--enforce-eager"]
+    port = fake_vllm.url.rsplit(":", 1)[1].strip("/")  # the vLLM that serves --vllm.url
+    argv = ["vllm", "serve", TINYLLAMA, "--max-num-seqs", "16", "--enforce-eager", "--port", port]
     (proc / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
     (proc / "environ").write_bytes(b"CUDA_VISIBLE_DEVICES=0\0")
     rig = await make_rig(fake_vllm.url, scan=True, proc_path=str(tmp_path))
@@ -155,6 +158,21 @@ async def test_of_several_vllms_on_the_host_the_one_serving_our_port_is_read(
     rig = await make_rig(fake_vllm.url, scan=True, proc_path=str(tmp_path))
     await rig.poll()
     assert 'flag="max_num_seqs",source="vllm command line",value="24"' in rig.text
+
+
+async def test_a_vllm_on_the_host_that_does_not_serve_the_url_is_ignored_and_said_once(
+    fake_vllm: FakeVllm, make_rig: MakeRig, tmp_path: Path
+) -> None:
+    proc = tmp_path / "4242"
+    proc.mkdir()
+    argv = ["vllm", "serve", "other/model", "--max-num-seqs", "16"]  # on vLLM's port 8000
+    (proc / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    rig = await make_rig(fake_vllm.url, scan=True, proc_path=str(tmp_path))
+    with structlog.testing.capture_logs() as logs:
+        await rig.poll(2, every=PROCESS_SCAN_SECONDS)  # two scans
+    assert 'source="vllm command line"' not in rig.text
+    ignored = [e for e in logs if e["event"] == "vllm_process_ignored"]
+    assert [e["serves"] for e in ignored] == [["pid 4242 at *:8000"]]
 
 
 def test_check_config_validates_and_exits_0(tmp_path: Path) -> None:

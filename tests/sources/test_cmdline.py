@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from exporter.sources.cmdline import find_vllm_processes, parse_flags
+from exporter.sources.base import Readings
+from exporter.sources.cmdline import (
+    Flags,
+    ProcessSource,
+    VllmProcess,
+    find_vllm_processes,
+    parse_flags,
+)
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -196,3 +204,55 @@ def test_kernel_threads_with_an_empty_cmdline_are_skipped(tmp_path: Path) -> Non
 
 def test_a_missing_proc_tree_finds_nothing(tmp_path: Path) -> None:
     assert find_vllm_processes(str(tmp_path / "nope")) == []
+
+
+# ProcessSource: which vLLM process's flags are believed. Only the one that serves the
+# sidecar's --vllm.url: its port (--port, vLLM's default 8000) and its address (--host, or
+# every interface when unset, which localhost reaches).
+
+
+async def believed(url: str, *argv: str) -> Flags | None:
+    """The flags ProcessSource takes from a host running one vLLM with ``argv``."""
+    process = VllmProcess(4242, argv, {})
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    assert parts.port is not None
+    source = ProcessSource(
+        proc_path="/nonexistent",
+        host=parts.hostname,
+        port=parts.port,
+        within=5.0,
+        find=lambda _p: [process],
+        read_flags=lambda p: parse_flags(p.argv, read_text=no_files),
+    )
+    readings = Readings()
+    assert await source.poll(0.0, readings) is None
+    return readings.flags
+
+
+async def test_an_unrelated_vllm_on_the_host_is_not_believed_for_a_remote_url() -> None:
+    flags = await believed("http://10.255.255.1:8000", "vllm", "serve", "other/model")
+    assert flags is None
+
+
+async def test_a_vllm_on_another_port_is_not_believed() -> None:
+    flags = await believed("http://127.0.0.1:8000", "vllm", "serve", "m", "--port", "8001")
+    assert flags is None
+
+
+async def test_a_vllm_bound_to_another_address_is_not_believed_for_localhost() -> None:
+    argv = ("vllm", "serve", "m", "--host", "10.0.0.5", "--port", "8000")
+    assert await believed("http://127.0.0.1:8000", *argv) is None
+
+
+async def test_the_pods_vllm_on_the_default_port_is_believed_for_localhost() -> None:
+    flags = await believed("http://localhost:8000", "vllm", "serve", "m", "--max-num-seqs", "8")
+    assert flags is not None
+    assert flags.values["max_num_seqs"] == 8
+
+
+async def test_a_vllm_bound_to_the_urls_address_and_port_is_believed() -> None:
+    argv = ("vllm", "serve", "m", "--host", "10.0.0.5", "--port", "9000")
+    flags = await believed("http://10.0.0.5:9000", *argv)
+    assert flags is not None
+    assert flags.model == "m"
