@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
 from exporter.capacity.releases import ConcurrencyLine, Release, TokenLine
@@ -344,14 +345,22 @@ def sequences_that_fit(layout: Layout, num_blocks: int, context: int, in_flight_
     return max(0, num_blocks - 1) // per_seq
 
 
+# Why vLLM would not start, in the order its start-up meets them: the config is validated
+# ("config"), the weights are loaded ("load_oom": CUDA runs out of memory), the profile
+# leaves nothing for the cache ("no_kv_memory"), or one request at max_model_len does not
+# fit in what is left ("max_model_len").
+FailureCause = Literal["config", "load_oom", "no_kv_memory", "max_model_len"]
+
+
 @dataclass(frozen=True)
 class StartupFailure:
-    """vLLM's refusal to start: one request at max_model_len does not fit."""
+    """vLLM's refusal to start, with its message and which check refused."""
 
     needed_bytes: int
     available_bytes: int
     estimated_max_model_len: int
     message: str
+    cause: FailureCause = "max_model_len"
 
 
 def startup_check(
@@ -373,6 +382,7 @@ def startup_check(
             0,
             "No available memory for the cache blocks. Try increasing "
             "`gpu_memory_utilization` when initializing the engine.",
+            "no_kv_memory",
         )
     needed = per_block * layout.blocks_per_request(max_model_len, in_flight_tokens)
     if needed <= usable:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from exporter.capacity.arch import LayerKind, ModelArch
+from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GIB, Gpu, neighbours
 from exporter.capacity.kvcache import (
     OCTAVE_HEAD_SIZE,
@@ -274,9 +275,12 @@ def plan(req: PlanRequest) -> Plan:
     sources["num_blocks"] = (
         "flag (--num-gpu-blocks-override)" if req.num_gpu_blocks_override else "computed"
     )
+    oom = _load_oom(req, stages)
+    if oom is not None:
+        failure = oom
     refusal = _float_kv_dtype_refusal(req)
     if refusal is not None:
-        failure = StartupFailure(0, 0, 0, refusal)
+        failure = StartupFailure(0, 0, 0, refusal, "config")
     if rel.sampler_warmup_pass or rel.cublas_in_baseline:
         notes.append(
             "vLLM 0.33's second sampler warm-up pass and cuBLAS handles in the start-up "
@@ -306,6 +310,36 @@ def plan(req: PlanRequest) -> Plan:
         startup_failure=failure,
         sources=sources,
         notes=tuple(notes),
+    )
+
+
+# What the CUDA context holds before vLLM loads a byte: 0.51 GiB on an H100 in the llm-d
+# start-up logs (``worker init memory snapshot: ... cuda_memory=0.51GiB``). Weights that do
+# not fit beside it fail the load, whatever the utilization.
+CUDA_CONTEXT_BYTES = round(0.51 * GIB)
+
+
+def _load_oom(req: PlanRequest, stages: Sequence[StageMemory]) -> StartupFailure | None:
+    """Weights larger than the GPU fail in ``load_model`` with CUDA's out-of-memory error,
+    before vLLM profiles anything; weights under the GPU's memory but over the ceiling load,
+    and then leave no memory for the cache (vLLM's "No available memory" refusal).
+
+    Not checked for a budget given as vLLM printed it: that deployment loaded.
+    """
+    if req.gpu.platform == "cpu" or req.available_kv_bytes is not None:
+        return None
+    free = req.gpu.total_bytes - CUDA_CONTEXT_BYTES
+    weights = max(s.weights for s in stages)
+    if weights <= free:
+        return None
+    return StartupFailure(
+        weights,
+        free,
+        0,
+        f"torch.OutOfMemoryError: CUDA out of memory while loading the weights "
+        f"({weights / GIB:.2f} GiB on each GPU; the GPU has {req.gpu.total_bytes / GIB:.2f} "
+        f"GiB, {free / GIB:.2f} GiB of it free beside the CUDA context).",
+        "load_oom",
     )
 
 
@@ -469,6 +503,54 @@ def _stage_available(
     return [s.available for s in stages]
 
 
+def replan(base: Plan, **changes: object) -> Plan:
+    """``base`` re-planned with some flags changed, every other flag kept.
+
+    When the base was anchored to a printed budget, the alternative keeps the same offset
+    between the printed and the modelled budget. Raises InputError where vLLM would refuse
+    the flags themselves (a TP that does not divide the heads).
+    """
+    req = base.request
+    new = replace(req, **changes)  # type: ignore[arg-type]
+    if req.available_kv_bytes is not None:
+        modelled = plan(replace(req, available_kv_bytes=None))
+        offset = base.stage_available[0] - modelled.stage_available[0]
+        alt = plan(replace(new, available_kv_bytes=None))
+        new = replace(new, available_kv_bytes=alt.stage_available[0] + offset)
+    return plan(new)
+
+
+def why_not(p: Plan) -> str:
+    """Why ``p`` would not start, in one line and in vLLM's terms ("" when it starts)."""
+    failure = p.startup_failure
+    if failure is None:
+        return ""
+    if failure.cause == "load_oom":
+        return (
+            f"CUDA OOM loading the weights: {gib(failure.needed_bytes):.2f} GiB per GPU, "
+            f"{gib(failure.available_bytes):.2f} GiB free"
+        )
+    if failure.cause == "config":
+        return f"vLLM {p.request.release.label} refuses --kv-cache-dtype {p.request.kv_cache_dtype}"
+    if failure.cause == "no_kv_memory" or failure.estimated_max_model_len == 0:
+        t = p.stages[p.cap.tightest_stage]
+        if p.request.kv_cache_memory_bytes is not None or p.request.available_kv_bytes:
+            return f"no room for one KV block ({gib(p.kv_budget_bytes):.2f} GiB for the cache)"
+        return (
+            f"no room for one KV block: weights and overhead {gib(t.non_kv):.2f} GiB "
+            f"of the {gib(t.requested):.2f} GiB ceiling"
+        )
+    return (
+        f"max_model_len {p.max_model_len:,} needs {gib(failure.needed_bytes):.2f} GiB of KV, "
+        f"{gib(failure.available_bytes):.2f} GiB free (the longest: "
+        f"{failure.estimated_max_model_len:,})"
+    )
+
+
+def gpu_count(p: Plan) -> int:
+    return p.request.tensor_parallel_size * p.request.pipeline_parallel_size
+
+
 @dataclass(frozen=True)
 class WhatIf:
     label: str
@@ -484,17 +566,10 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
     """
     req = base.request
     out: list[WhatIf] = []
-    anchored = req.available_kv_bytes is not None
 
     def rerun(label: str, **changes: object) -> None:
-        new = replace(req, **changes)  # type: ignore[arg-type]
         try:
-            if anchored:
-                modelled = plan(replace(req, available_kv_bytes=None))
-                offset = base.stage_available[0] - modelled.stage_available[0]
-                alt = plan(replace(new, available_kv_bytes=None))
-                new = replace(new, available_kv_bytes=alt.stage_available[0] + offset)
-            out.append(WhatIf(label, plan(new)))
+            out.append(WhatIf(label, replan(base, **changes)))
         except InputError as e:
             out.append(WhatIf(label, None, e.problem))
 
@@ -539,3 +614,258 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
 
 def gib(n: float) -> float:
     return n / GIB
+
+
+# Tensor-parallel sizes the searches below try: one node's worth. vLLM's guidance is TP
+# within a node and PP across nodes, so a deployment larger than 8 GPUs adds stages.
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """The smallest change on one dial that makes a deployment start, or why none does."""
+
+    # tensor_parallel, parallel (fewest GPUs, stages too), gpu, gpu_tp, kv_cache_dtype,
+    # max_model_len, utilization
+    dial: str
+    change: str  # the flags to pass; "" when no setting of the dial starts
+    plan: Plan | None  # the deployment with the change; None when no setting starts
+    why_not: str = ""  # when none starts: why the last one tried would not, in vLLM's terms
+
+
+def _tp_sizes(arch: ModelArch) -> tuple[int, ...]:
+    heads = arch.num_attention_heads
+    return tuple(t for t in TP_SIZES if heads is None or heads % t == 0)
+
+
+def _parallel_flags(tp: int, pp: int, base: PlanRequest) -> str:
+    flags = []
+    if tp != base.tensor_parallel_size:
+        flags.append(f"--tensor-parallel-size {tp}")
+    if pp != base.pipeline_parallel_size:
+        flags.append(f"--pipeline-parallel-size {pp}")
+    return " ".join(flags)
+
+
+def _first_start(
+    base: Plan, dial: str, tries: Sequence[tuple[str, dict[str, object]]]
+) -> Suggestion:
+    """The first of ``tries`` (cheapest first) whose re-plan starts; otherwise why the last
+    one that could be planned would not."""
+    reason = "nothing to try"
+    for change, changes in tries:
+        try:
+            alt = replan(base, **changes)
+        except InputError as e:
+            reason = e.problem
+            continue
+        if alt.startup_failure is None:
+            return Suggestion(dial, change, alt)
+        reason = f"{change}: {why_not(alt)}"
+    return Suggestion(dial, "", None, reason)
+
+
+# The GPUs a search may name. Not GB10: its memory is shared with the CPU and vLLM checks
+# the budget against the system's free memory, so a plan there comes with a note that the
+# default utilization often fails; a search cannot name it as one that starts.
+_SUGGESTABLE = tuple(g for g in GPU_CATALOGUE if g.name != "GB10")
+
+
+def _same_vendor(gpu: Gpu) -> tuple[Gpu, ...]:
+    """The table's GPUs a user of ``gpu`` could move to without changing vLLM's build (CUDA
+    or ROCm), smallest memory first; every GPU of the table for one given by its size."""
+    amd = gpu.family == "cdna3"
+    known = gpu.family not in ("cpu", "unknown")
+    pool = [g for g in _SUGGESTABLE if not known or (g.family == "cdna3") == amd]
+    return tuple(sorted(pool, key=lambda g: g.total_bytes))
+
+
+def what_would_work(base: Plan) -> tuple[Suggestion, ...]:
+    """For a deployment vLLM would refuse: per dial, the smallest change that starts.
+
+    Each answer is a re-plan with the same arithmetic and every other flag kept, searched
+    cheapest first: fewest GPUs on this GPU (TP within a node, then stages), the smallest GPU
+    of the table at this parallelism (and, when none, at the smallest TP that has one), an
+    FP8 cache, the longest context, the lowest utilization above today's.
+    """
+    failure = base.startup_failure
+    if failure is None:
+        return ()
+    req, arch = base.request, base.request.arch
+    tp0, pp0 = req.tensor_parallel_size, req.pipeline_parallel_size
+    out: list[Suggestion] = []
+    if failure.cause == "config":
+        out.append(
+            _first_start(
+                base, "kv_cache_dtype", [("--kv-cache-dtype auto", {"kv_cache_dtype": "auto"})]
+            )
+        )
+        return tuple(out)
+
+    by_tp = _first_start(
+        base,
+        "tensor_parallel",
+        [
+            (f"--tensor-parallel-size {tp}", {"tensor_parallel_size": tp})
+            for tp in _tp_sizes(arch)
+            if tp != tp0
+        ],
+    )
+    out.append(by_tp)
+    # Stages spread the weights as TP does, and reach GPU counts TP cannot (3, 12, 72):
+    # the fewest GPUs of any TP × PP, shown where that is fewer than TP alone needs.
+    shapes = sorted(
+        (tp * pp, pp, tp)
+        for tp in _tp_sizes(arch)
+        for pp in range(1, max(arch.num_layers, 1) + 1)
+        if (tp, pp) != (tp0, pp0)
+    )
+    fewest = _first_start(
+        base,
+        "parallel",
+        [
+            (
+                _parallel_flags(tp, pp, req),
+                {"tensor_parallel_size": tp, "pipeline_parallel_size": pp},
+            )
+            for _, pp, tp in shapes
+        ],
+    )
+    if by_tp.plan is None or (
+        fewest.plan is not None and gpu_count(fewest.plan) < gpu_count(by_tp.plan)
+    ):
+        out.append(fewest)
+
+    if req.kv_cache_memory_bytes is not None or req.gpu.platform == "cpu":
+        out.append(
+            Suggestion("gpu", "", None, "the KV budget is given, so another GPU changes nothing")
+        )
+    else:
+        others = [g for g in _same_vendor(req.gpu) if g.name != req.gpu.name]
+        on_gpu = _first_start(base, "gpu", [(f"--gpu {g.name}", {"gpu": g}) for g in others])
+        out.append(on_gpu)
+        if on_gpu.plan is None:
+            wider = [
+                (
+                    f"--gpu {g.name} --tensor-parallel-size {tp}",
+                    {"gpu": g, "tensor_parallel_size": tp},
+                )
+                for tp in _tp_sizes(arch)
+                if tp > tp0
+                for g in others
+            ]
+            out.append(_first_start(base, "gpu_tp", wider))
+
+    if base.kv_dtype_bytes > 1:
+        out.append(
+            _first_start(
+                base, "kv_cache_dtype", [("--kv-cache-dtype fp8", {"kv_cache_dtype": "fp8"})]
+            )
+        )
+
+    if failure.cause == "max_model_len" and failure.estimated_max_model_len > 0:
+        longest = failure.estimated_max_model_len
+        out.append(
+            _first_start(
+                base, "max_model_len", [(f"--max-model-len {longest}", {"max_model_len": longest})]
+            )
+        )
+    else:
+        out.append(Suggestion("max_model_len", "", None, why_not(base)))
+
+    if req.kv_cache_memory_bytes is None and req.gpu.platform != "cpu":
+        if failure.cause == "load_oom":
+            out.append(Suggestion("utilization", "", None, why_not(base)))
+        else:
+            # vLLM refuses a budget above the memory free at start-up ("Free memory on
+            # device ... is less than desired GPU memory utilization"), so stop there.
+            top = int((req.gpu.total_bytes - CUDA_CONTEXT_BYTES) / req.gpu.total_bytes * 100)
+            start = int(base.utilization * 100 + 1e-9) + 1  # the next whole percent up
+            out.append(
+                _first_start(
+                    base,
+                    "utilization",
+                    [
+                        (
+                            f"--gpu-memory-utilization {u / 100:g}",
+                            {"gpu_memory_utilization": u / 100},
+                        )
+                        for u in range(start, top + 1)
+                    ],
+                )
+            )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One deployment that holds the sequences asked, with the flags that make it."""
+
+    plan: Plan
+    held: int  # sequences of the length asked held at once (blocks and max_num_seqs both)
+    change: str  # the flags, beyond those given: --gpu, -tp, KV dtype, a raised max_num_seqs
+
+    @property
+    def gpus(self) -> int:
+        return gpu_count(self.plan)
+
+
+def fit(base: Plan, sequences: int, tokens: int) -> tuple[Fit, ...]:
+    """Which deployments hold ``sequences`` sequences of ``tokens`` tokens at once.
+
+    Every GPU of the table but GB10 × TP 1, 2, 4, 8 × KV dtype auto and fp8, every other flag as
+    given (PP too); per GPU and KV dtype the smallest TP that starts and holds them, fewest
+    GPUs first, then the smallest GPU. An FP8 row is kept only where it needs fewer GPUs
+    than the model's own KV dtype on that GPU. ``max_model_len`` is the one given, or
+    ``tokens``; a ``max_num_seqs`` left to vLLM's default is raised to ``sequences`` where
+    the default is smaller, since vLLM would otherwise never run them all at once.
+    """
+    req = base.request
+    if sequences < 1 or tokens < 1:
+        raise InputError("--fit", "", f"{sequences}:{tokens}", "both must be greater than 0")
+    max_len = req.max_model_len or tokens
+    if max_len < tokens:
+        raise InputError(
+            "--fit",
+            "",
+            f"{sequences}:{tokens}",
+            f"sequences of {tokens} tokens are longer than --max-model-len {max_len}",
+        )
+    context = (Context(str(tokens), tokens),)
+    found: list[Fit] = []
+    for gpu in _SUGGESTABLE:
+        by_dtype: dict[str, Fit] = {}
+        for kv in ("auto", "fp8"):
+            for tp in _tp_sizes(req.arch):
+                changes: dict[str, object] = {
+                    "gpu": gpu,
+                    "tensor_parallel_size": tp,
+                    "kv_cache_dtype": kv,
+                    "max_model_len": max_len,
+                    "contexts": context,
+                }
+                try:
+                    alt = replan(base, **changes)
+                    raised = req.max_num_seqs is None and alt.max_num_seqs < sequences
+                    if raised:
+                        alt = replan(base, **changes, max_num_seqs=sequences)
+                except InputError:
+                    break  # this GPU or dtype is refused whatever the TP (an Octave dtype)
+                held = min(alt.sequences[0][1], alt.max_num_seqs)
+                if alt.startup_failure is None and held >= sequences:
+                    flags = [f"--gpu {gpu.name}"]
+                    if tp != req.tensor_parallel_size:
+                        flags.append(f"--tensor-parallel-size {tp}")
+                    if kv != req.kv_cache_dtype:
+                        flags.append(f"--kv-cache-dtype {kv}")
+                    if raised:
+                        flags.append(f"--max-num-seqs {sequences}")
+                    by_dtype[kv] = Fit(alt, held, " ".join(flags))
+                    break
+        auto, fp8 = by_dtype.get("auto"), by_dtype.get("fp8")
+        if auto is not None:
+            found.append(auto)
+        if fp8 is not None and (auto is None or fp8.gpus < auto.gpus):
+            found.append(fp8)
+    found.sort(key=lambda f: (f.gpus, f.plan.request.gpu.total_bytes, f.plan.kv_dtype_bytes < 2))
+    return tuple(found)
