@@ -61,15 +61,24 @@ def assert_same(new: Risk, before: Risk) -> None:
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_every_risk_figure_is_the_one_the_previous_model_gave_unless_prefill_paces_the_queue(
+def test_every_risk_figure_is_the_one_the_previous_model_gave_except_compute_bottleneck_cases(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every poll whose ``bottleneck`` is not ``"compute"`` gives the figures of before.
+
+    Polls with ``bottleneck == "compute"`` are left out of this comparison: there a queue
+    waits for prefill compute and the spread narrows on purpose (``paced_factor``);
+    ``test_a_queue_waiting_for_compute_only_narrows_the_spread`` holds those instead.
+    """
     cases = replayed_inputs(name, monkeypatch)
     assert len(cases) >= 300  # a poll every 2 s for 10 minutes or more
     cases += [restarted(c) for c in cases[::10]]
-    for inputs in cases:
-        if inputs.bottleneck != "compute":
-            assert_same(assess(inputs), poll_reference.assess(inputs))
+    compared = [c for c in cases if c.bottleneck != "compute"]
+    # The exclusion must not empty the comparison: the prefill-bound trace, the scenario
+    # most often compute-bound, still compares about 30 % of its polls.
+    assert len(compared) >= len(cases) // 4
+    for inputs in compared:
+        assert_same(assess(inputs), poll_reference.assess(inputs))
 
 
 def test_a_queue_waiting_for_compute_only_narrows_the_spread(
