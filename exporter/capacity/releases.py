@@ -2,7 +2,10 @@
 
 Every version-dependent rule the capacity engine applies lives here, with the release it
 changed in, so that a question like "which token formula does 0.19 print?" has one answer.
-Sources: ``../shared/reference/vllm-kv-sizing.md`` (vLLM's own code read across 0.6-0.33).
+Sources: vLLM's own code, https://github.com/vllm-project/vllm read at the release tags
+v0.6.0 to v0.33.0; a rule names the file (its path in that tree) and the release it changed
+in. The start-ups it is checked against are ``tests/fixtures/sizing/vllm_startup_points.csv``
+(each row with its public source).
 """
 
 from __future__ import annotations
@@ -146,8 +149,11 @@ class Release:
         ``forward_native``: ``apply_top_k_top_p_pytorch`` runs ``logits.sort`` over the
         whole vocabulary (fp32 values, int64 indices) for the profile's dummy top-k/top-p
         batch. vLLM PR 33538 (2026) replaced that sort with a Triton top-k/top-p kernel;
-        0.17 as the first release without it is the shared reference's version sweep,
-        where the sampler's peak drops again. 0.11.0 and before count as sort-free: the
+        0.17 as the first release without it is llm-d-planner's vLLM-version sweep
+        (github.com/llm-d-incubation/llm-d-planner@8f9dbb8,
+        ``accuracy/scripts/sweep-versions.yaml``: Qwen3-14B on one H100, vLLM 0.15-0.18),
+        where the activation peak drops from 5.64 to 2.23 GiB between 0.16 and 0.17 at
+        the same ``max_num_batched_tokens``. 0.11.0 and before count as sort-free: the
         0.10.1.1 A100 starts leave room for nothing larger (dennislee22/vLLM-benchmarking).
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
