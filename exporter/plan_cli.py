@@ -16,7 +16,18 @@ from exporter.capacity.catalogue import describe
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import lookup_gpu, parse_bytes
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
-from exporter.capacity.plan import Context, Plan, PlanRequest, WhatIf, plan, what_ifs
+from exporter.capacity.plan import (
+    Context,
+    Plan,
+    PlanRequest,
+    Suggestion,
+    WhatIf,
+    fit,
+    plan,
+    what_ifs,
+    what_would_work,
+    why_not,
+)
 from exporter.capacity.releases import (
     DEFAULT_VERSION,
     NEWEST_KNOWN,
@@ -27,6 +38,14 @@ from exporter.capacity.releases import (
 )
 from exporter.cli_args import bounded_float
 from exporter.errors import InputError
+from exporter.plan_advice import (
+    failure_lines,
+    fit_json,
+    parse_fit,
+    render_fit,
+    suggestion_lines,
+    suggestions_json,
+)
 from exporter.simulator.requestlog import ROLES
 from exporter.simulator.scenario import parse_duration
 from exporter.sources.model_dir import load_catalogue, load_model
@@ -202,7 +221,18 @@ def add_parser(sub: Any) -> None:
         help="with --traffic: replay this many multiples at once, in parallel processes",
     )
     p.add_argument("--output", choices=("table", "json"), default="table", help="table or json")
-    p.add_argument("--no-what-if", action="store_true", help="skip the alternatives")
+    p.add_argument(
+        "--no-what-if",
+        action="store_true",
+        help="skip the alternatives (and, for a deployment that would not start, what would)",
+    )
+    p.add_argument(
+        "--fit",
+        metavar="N:TOKENS",
+        help="instead of one plan: which deployments (GPU of the table × TP 1, 2, 4, 8 × KV "
+        "dtype auto, fp8) hold N sequences of TOKENS tokens at once, fewest GPUs first; "
+        "e.g. 64:8192 or 64:8k",
+    )
     p.set_defaults(func=run)
 
 
@@ -359,15 +389,31 @@ def run(args: argparse.Namespace) -> int:
             print(f"{gpu.name:<16} {gpu.total_bytes / 2**30:8.2f} GiB  {gpu.source}")
         return EXIT_OK
     result = plan(build_request(args))
+    if args.fit is not None:
+        return run_fit(args, result)
     alternatives = () if args.no_what_if else what_ifs(result)
+    suggestions = () if args.no_what_if else what_would_work(result)
     traffic = None
     if args.traffic and not result.startup_failure:
         traffic = run_traffic(args, result, alternatives)
     if args.output == "json":
-        print(json.dumps(plan_json(result, alternatives, traffic), indent=2))
+        print(json.dumps(plan_json(result, alternatives, traffic, suggestions), indent=2))
     else:
-        print(render_table(result, alternatives, traffic))
+        print(render_table(result, alternatives, traffic, suggestions))
     return EXIT_WONT_START if result.startup_failure else EXIT_OK
+
+
+def run_fit(args: argparse.Namespace, base: Plan) -> int:
+    """``--fit N:TOKENS``: the deployments that hold them; exit 1 when none does."""
+    if args.traffic:
+        raise InputError("--fit", "", args.fit, "is a question of its own; drop --traffic")
+    sequences, tokens = parse_fit(args.fit)
+    fits = fit(base, sequences, tokens)
+    if args.output == "json":
+        print(json.dumps(fit_json(base, sequences, tokens, fits), indent=2))
+    else:
+        print(render_fit(base, sequences, tokens, fits))
+    return EXIT_OK if fits else EXIT_WONT_START
 
 
 @dataclass(frozen=True)
@@ -495,7 +541,10 @@ def _summary(p: Plan) -> dict[str, Any]:
 
 
 def plan_json(
-    p: Plan, alternatives: Sequence[WhatIf] = (), traffic: TrafficReport | None = None
+    p: Plan,
+    alternatives: Sequence[WhatIf] = (),
+    traffic: TrafficReport | None = None,
+    suggestions: Sequence[Suggestion] = (),
 ) -> dict[str, Any]:
     req, t = p.request, p.tightest
     failure = p.startup_failure
@@ -542,12 +591,19 @@ def plan_json(
             "needed_bytes": failure.needed_bytes,
             "available_bytes": failure.available_bytes,
             "estimated_max_model_len": failure.estimated_max_model_len,
+            "cause": failure.cause,
+            "why": why_not(p),
         },
+        "what_would_work": suggestions_json(suggestions),
         "what_if": [
             {
                 "change": w.label,
                 **(
-                    {**_summary(w.plan), "starts": w.plan.startup_failure is None}
+                    {
+                        **_summary(w.plan),
+                        "starts": w.plan.startup_failure is None,
+                        **({"why_not": why_not(w.plan)} if w.plan.startup_failure else {}),
+                    }
                     if w.plan
                     else {"not_possible": w.reason}
                 ),
@@ -611,7 +667,10 @@ def traffic_lines(t: TrafficReport) -> list[str]:
 
 
 def render_table(
-    p: Plan, alternatives: Sequence[WhatIf] = (), traffic: TrafficReport | None = None
+    p: Plan,
+    alternatives: Sequence[WhatIf] = (),
+    traffic: TrafficReport | None = None,
+    suggestions: Sequence[Suggestion] = (),
 ) -> str:
     req, t, arch, src = p.request, p.tightest, p.request.arch, p.sources
     tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
@@ -676,14 +735,14 @@ def render_table(
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines += [f"  {a:<{w0}}  {b:>{w1}}  {c}" for a, b, c in rows]
-    if p.startup_failure:
-        lines += ["", f"vLLM would refuse to start: {p.startup_failure.message}"]
+    lines += failure_lines(p)
     for reason in arch.approximate:
         lines.append(f"approximate: {reason}")
     for note in p.notes:
         lines.append(f"note: {note}")
     if traffic is not None:
         lines += traffic_lines(traffic)
+    lines += suggestion_lines(p, suggestions)
     if alternatives:
         lines += ["", "What if"]
         first = p.sequences[0][0]
@@ -692,6 +751,10 @@ def render_table(
                 lines.append(f"  {w.label:<38} not possible: {w.reason}")
                 continue
             q = w.plan
+            if q.startup_failure:
+                # Its blocks say nothing once vLLM refuses it; why it refuses does.
+                lines.append(f"  {w.label:<38} would not start: {why_not(q)}")
+                continue
             seqs = {c.label: n for c, n in q.sequences}[first.label]
             base = p.cap.num_blocks or 1
             change = (q.cap.num_blocks - p.cap.num_blocks) / base * 100
@@ -700,7 +763,6 @@ def render_table(
             lines.append(
                 f"  {w.label:<38} {q.cap.num_blocks:>10,} blocks {pct:>7}  "
                 f"{q.cap.capacity_tokens:>12,} tokens  {seqs:>7,} seqs @ {first.label}"
-                + ("  would not start" if q.startup_failure else "")
                 + _multiple(traffic.alternatives.get(w.label) if traffic else None)
             )
     return "\n".join(lines)
