@@ -8,6 +8,7 @@ closed pipe (``plan … | head -1``) ends the command quietly.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -46,7 +47,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line and whose values may start with '-'."""
+    """An ArgumentParser whose errors are one line and whose values may start with '-',
+    and which names a mistyped flag (with the flag meant) before anything else."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -54,8 +56,45 @@ class Parser(argparse.ArgumentParser):
         # argparse reads "-80GB" as an unknown option and answers "expected one argument";
         # read it as the value it is, so the flag's own check can say what is wrong with it.
         self._negative_number_matcher = re.compile(r"^-\.?\d[\d.]*[a-zA-Z]*$")
+        self._seen: list[str] = []
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._seen = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(self._seen, namespace)
+        # A subcommand's parser hands what it did not know back to the top parser, whose
+        # answer ("unrecognized arguments") cannot say which flag was meant.
+        unknown = self._unknown_flag(extras)
+        if unknown:
+            self.error(unknown)
+        return parsed, extras
+
+    def _unknown_flag(self, args: Sequence[str]) -> str | None:
+        """For the first argument that looks like a flag this parser lacks: "unknown flag
+        --modle; did you mean --model?"; else None."""
+        for arg in args:
+            if arg == "--":
+                return None  # what follows is positional
+            if not arg.startswith("-") or self._negative_number_matcher.match(arg):
+                continue
+            flag = arg.partition("=")[0]
+            if flag in self._option_string_actions or (
+                flag.startswith("--") and any(o.startswith(flag) for o in self._long_flags())
+            ):
+                continue  # a flag, or an abbreviation argparse resolves
+            close = difflib.get_close_matches(flag, self._long_flags(), n=1, cutoff=0.6)
+            return f"unknown flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
+        return None
+
+    def _long_flags(self) -> list[str]:
+        return [o for o in self._option_string_actions if o.startswith("--")]
 
     def error(self, message: str) -> NoReturn:
+        # A missing required flag is often a mistyped one (`plan --modle X`): name the typo,
+        # which is what the user has to fix, not the flag argparse found missing.
+        if "required" in message:
+            message = self._unknown_flag(self._seen) or message
         # "argument --gpu: '-80GB': …" from a flag's own check reads as every other bad
         # input does: "--gpu = '-80GB': …".
         m = _TYPE_ERROR.match(message)

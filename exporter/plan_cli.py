@@ -14,7 +14,7 @@ from typing import Any
 from exporter.capacity.arch import parse_config
 from exporter.capacity.catalogue import describe
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
-from exporter.capacity.gpus import lookup_gpu, parse_bytes
+from exporter.capacity.gpus import GpuChoice, parse_bytes, resolve_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.plan import (
     Context,
@@ -57,6 +57,7 @@ from exporter.traffic import (
     QUEUE_WAIT_QUANTILE,
     Headroom,
     Outcome,
+    StatusLine,
     Traffic,
     assess_traffic,
     engine_at,
@@ -64,6 +65,10 @@ from exporter.traffic import (
 )
 
 EXIT_OK, EXIT_WONT_START, EXIT_BAD_INPUT = 0, 1, 2
+# With --traffic: the deployment starts but today's traffic (1×) preempts or queues past
+# the bound. As much a "this will not work" as a refusal to start, so the same status: a
+# deploy script that checks the plan's exit status stops on either.
+EXIT_TRAFFIC_NOT_HELD = 1
 
 _QUANTILE_RE = re.compile(r"^(p\d{1,2}(?:\.\d+)?|mean|max)=(\d+)$")
 
@@ -90,7 +95,8 @@ def add_parser(sub: Any) -> None:
         "--gpu",
         default="H100-80GB",
         type=_gpu,
-        help="catalogue name, 'cpu', or memory (79.19GiB)",
+        help="catalogue name (A100 takes the 80 GB part and says so), 'cpu', or memory "
+        "(79.19GiB); a count in front (2xH100) is the tensor-parallel size",
     )
     p.add_argument(
         "--vllm-version",
@@ -111,11 +117,10 @@ def add_parser(sub: Any) -> None:
         "-tp",
         metavar="N",
         type=_positive,
-        default=1,
-        help="GPUs per stage",
+        help="GPUs per stage (default: 1, or the count of --gpu 2xH100 ÷ PP)",
     )
     p.add_argument(
-        "--pipeline-parallel-size", "-pp", metavar="N", type=_positive, default=1, help="stages"
+        "--pipeline-parallel-size", "-pp", metavar="N", type=_positive, help="stages (default: 1)"
     )
     p.add_argument(
         "--kv-cache-dtype",
@@ -264,7 +269,7 @@ def _gpu(text: str) -> str:
     if text.strip().startswith("-"):
         raise argparse.ArgumentTypeError(f"{text!r}: a GPU's memory must be greater than 0")
     try:
-        lookup_gpu(text)
+        resolve_gpu(text)
     except InputError as e:
         raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
     return text
@@ -345,9 +350,41 @@ def parse_contexts(values: Sequence[str]) -> tuple[Context, ...]:
     return tuple(out)
 
 
+def parallelism(args: argparse.Namespace, choice: GpuChoice) -> tuple[int, int]:
+    """TP and PP: as given, or from ``--gpu 8xH200`` (all of them one TP group, as a
+    single-node deployment of that many GPUs usually is). A count that disagrees with
+    TP × PP given too is refused: which of them was meant cannot be guessed."""
+    tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
+    if choice.count is None:
+        return tp or 1, pp or 1
+    if tp is None:
+        if choice.count % (pp or 1):
+            raise InputError(
+                "--gpu",
+                "",
+                args.gpu,
+                f"{choice.count} GPUs do not split into --pipeline-parallel-size {pp} stages",
+            )
+        return choice.count // (pp or 1), pp or 1
+    if tp * (pp or 1) != choice.count:
+        raise InputError(
+            "--gpu",
+            "",
+            args.gpu,
+            f"{choice.count} GPUs, but --tensor-parallel-size {tp} × "
+            f"--pipeline-parallel-size {pp or 1} = {tp * (pp or 1)}",
+        )
+    return tp, pp or 1
+
+
 def build_request(args: argparse.Namespace) -> PlanRequest:
     if not args.model:
         raise InputError("--model", "", None, "is required (a config.json, model dir or name)")
+    choice = resolve_gpu(args.gpu)
+    if choice.note:
+        # Said before any output, on stderr: the table's header names the GPU planned too.
+        print(f"kv-headroom plan: {choice.note}", file=sys.stderr)
+    tp, pp = parallelism(args, choice)
     source = load_model(args.model)
     arch = parse_config(source.config, source.config_path, dtype=args.dtype, name=source.name)
     weights, weights_source = args.weights_bytes, "flag (--weights-bytes)"
@@ -356,11 +393,11 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     return PlanRequest(
         arch=arch,
         model_name=source.name,
-        gpu=lookup_gpu(args.gpu),
+        gpu=choice.gpu,
         release=release(args.vllm_version),
         gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         kv_cache_dtype=args.kv_cache_dtype,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
@@ -400,7 +437,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan_json(result, alternatives, traffic, suggestions), indent=2))
     else:
         print(render_table(result, alternatives, traffic, suggestions))
-    return EXIT_WONT_START if result.startup_failure else EXIT_OK
+    if result.startup_failure:
+        return EXIT_WONT_START
+    if traffic is not None and traffic.base.at_one is not None and not traffic.base.at_one.held:
+        return EXIT_TRAFFIC_NOT_HELD
+    return EXIT_OK
 
 
 def run_fit(args: argparse.Namespace, base: Plan) -> int:
@@ -442,36 +483,41 @@ def run_traffic(
     )
     if not traffic.base:
         raise InputError(args.traffic, "", None, "holds no request to replay")
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    say(
-        f"replaying {len(traffic.base):,} requests over {traffic.span / 60:,.1f} min "
-        f"from {args.traffic}"
-    )
-    common = {
-        "max_queue_wait": args.max_queue_wait,
-        "precision": args.traffic_precision,
-        "jobs": args.traffic_jobs,
-    }
-    base = assess_traffic(
-        traffic, engine_at(result, scenario), label="as planned", say=say, **common
-    )
-    alts: dict[str, Headroom] = {}
-    for w in alternatives:
-        if w.plan is not None and not w.plan.startup_failure:
-            alts[w.label] = assess_traffic(
-                traffic,
-                engine_at(w.plan, scenario),
-                label=w.label,
-                guess=what_if_guess(base, result, w.plan),
-                say=say,
-                report_at_one=False,
-                **common,
+    # Progress only where someone watches it: one line redrawn on a terminal, nothing
+    # in a pipe or a log (the answer is the table; a day's search once wrote 47 lines).
+    say = StatusLine.for_stream(sys.stderr)
+    try:
+        if say is not None:
+            say(
+                f"replaying {len(traffic.base):,} requests over {traffic.span / 60:,.1f} min "
+                f"from {args.traffic}"
             )
-    wall = time.perf_counter() - started
-    say(f"traffic replayed in {wall:.1f} s")
+        common = {
+            "max_queue_wait": args.max_queue_wait,
+            "precision": args.traffic_precision,
+            "jobs": args.traffic_jobs,
+        }
+        base = assess_traffic(
+            traffic, engine_at(result, scenario), label="as planned", say=say, **common
+        )
+        alts: dict[str, Headroom] = {}
+        for w in alternatives:
+            if w.plan is not None and not w.plan.startup_failure:
+                alts[w.label] = assess_traffic(
+                    traffic,
+                    engine_at(w.plan, scenario),
+                    label=w.label,
+                    guess=what_if_guess(base, result, w.plan),
+                    say=say,
+                    report_at_one=False,
+                    **common,
+                )
+        wall = time.perf_counter() - started
+        if say is not None:
+            say(f"{len(traffic.base):,} requests from {args.traffic} replayed in {wall:.1f} s")
+    finally:
+        if say is not None:
+            say.close()
     return TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, wall)
 
 

@@ -1,7 +1,7 @@
 """Headroom in units of traffic: replay a request log (or a scenario's traffic) through the
 simulated engine at a planned deployment, and find the largest multiple of that traffic
 the deployment holds. Pure apart from running the simulator (no I/O but ``load_traffic``,
-and the progress lines of a parallel probe on stderr).
+and the progress of a parallel probe on a terminal's stderr).
 
 * **Scaling** — ``Traffic.at(m)`` is the same traffic ``m`` times over, like a log's
   ``rate_scale``: each request is kept with chance ``frac(m)`` on top of ``floor(m)``
@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import yaml
 
@@ -354,6 +356,43 @@ def search(
     return Limit(held, failed, tuple(probes))
 
 
+class StatusLine:
+    """Progress on a terminal as one line redrawn in place (a carriage return, then the
+    rest of the old line erased). ``for_stream`` gives None when the stream is not a
+    terminal: in a log or a pipe, a line per probe buries the answer (a day's search wrote
+    dozens), and nobody watches it move."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.shown = False
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> StatusLine | None:
+        try:
+            return cls(stream) if stream.isatty() else None
+        except ValueError:  # a closed stream
+            return None
+
+    def __call__(self, text: str) -> None:
+        try:
+            width = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            width = 0
+        # A line wider than the terminal wraps, and a carriage return then redraws only
+        # its last row: cut it to fit (a terminal that reports no width gets 80).
+        width = width or 80
+        self.stream.write(f"\r{text.strip()[: width - 1]}\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        """End the line, so that what follows starts on a line of its own."""
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
+
+
 # Each worker process holds the traffic and the engine once (a day of traffic is large),
 # then replays the multiples it is sent.
 _WORKER: dict[str, object] = {}
@@ -372,10 +411,13 @@ def _replay_in_worker(multiplier: float) -> Outcome:
     assert isinstance(config, EngineConfig)
     assert isinstance(bound, float)
 
+    line = StatusLine(sys.stderr)
+
     def progress(done: float) -> None:
-        # The worker shares the parent's stderr: a long probe says how far it has got,
-        # as a sequential one does, instead of going quiet for minutes.
-        print(f"  {label} ×{multiplier:.3g}: {done:.0%} of the traffic replayed", file=sys.stderr)
+        # The worker shares the parent's terminal (it is given a label only then): a long
+        # probe says how far it has got on the same line, as a sequential one does,
+        # instead of going quiet for minutes.
+        line(f"{label} ×{multiplier:.3g}: {done:.0%} of the traffic replayed")
 
     return replay(
         traffic,
@@ -390,7 +432,7 @@ def parallel_replays(
     traffic: Traffic, config: EngineConfig, bound: float, jobs: int, label: str | None = None
 ) -> tuple[Callable[[Sequence[float]], Sequence[Outcome]], Callable[[], None]]:
     """``evaluate_many`` for ``search`` over ``jobs`` processes, and how to stop them; with
-    a ``label``, a long replay prints its progress to stderr under it."""
+    a ``label``, a long replay redraws its progress on stderr (a terminal's) under it."""
     from concurrent.futures import ProcessPoolExecutor
 
     pool = ProcessPoolExecutor(
@@ -425,6 +467,11 @@ def traffic_of(scenario: Scenario) -> Traffic:
 LOG_SUFFIXES = (".csv", ".jsonl", ".json", ".ndjson")
 
 
+def _columns_flag(roles: Sequence[str]) -> str:
+    """How ``plan`` maps a log's columns, for an error that names them."""
+    return "--traffic-columns " + ",".join(f"{role}=COLUMN" for role in roles)
+
+
 def load_traffic(
     source: str,
     *,
@@ -448,7 +495,9 @@ def load_traffic(
     if columns:
         log["columns"] = dict(columns)
     base_columns = {**LogFormat().columns, **(columns or {})}
-    records = parse_request_log(text, source, LogFormat(fmt, base_columns, time_unit))
+    records = parse_request_log(
+        text, source, LogFormat(fmt, base_columns, time_unit), hint=_columns_flag
+    )
     if not records:
         raise InputError(source, "", None, "holds no request")
     span = records[-1].time - records[0].time

@@ -183,6 +183,21 @@ def test_vllm_refusing_to_start_exits_1_with_its_message(
             "pass --vllm-version 0.33.0",
         ),
         (["--gpu", "L4"], "one of the arguments --model --list-models --list-gpus is required"),
+        (["--modle", "X"], "unknown flag --modle; did you mean --model?"),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gppu", "L4"],
+            "unknown flag --gppu; did you mean --gpu?",
+        ),
+        (["--model=Llama-3.1-8B-Instruct", "--frobnicate"], "unknown flag --frobnicate"),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gpu", "4xH100", "-tp", "2"],
+            "--gpu = '4xH100': 4 GPUs, but --tensor-parallel-size 2 × "
+            "--pipeline-parallel-size 1 = 2",
+        ),
+        (
+            ["--model", "Llama-3.1-8B-Instruct", "--gpu", "3xH100", "-pp", "2"],
+            "--gpu = '3xH100': 3 GPUs do not split into --pipeline-parallel-size 2 stages",
+        ),
         (
             ["--model", "Llama-3.1-8B-Instruct", "--tensor-parallel-size", "3"],
             "must divide the model's 32 attention heads",
@@ -299,3 +314,50 @@ def test_help_shows_defaults_and_marks_the_model_as_required(
     assert "(default: H100-80GB)" in text
     assert "(default: 0.32.0)" in text
     assert "(--model MODEL | --list-models | --list-gpus)" in text
+
+
+def test_a_model_not_found_suggests_close_names_and_a_downloaded_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_plan(capsys, "--model", "google/gemma-2-27b")
+    assert code == 2
+    assert "did you mean google/gemma-2-27b-it or " in err
+    assert "--model PATH (its dir or config.json)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a100_plans_the_common_part_and_says_so_on_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_plan(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "A100", "--no-what-if"
+    )
+    assert code == 0
+    assert out.startswith("meta-llama/Llama-3.1-8B-Instruct on A100-SXM4-80GB")
+    assert err == (
+        "kv-headroom plan: --gpu A100 taken as A100-SXM4-80GB, the common one; "
+        "name A100-SXM4-40GB or A100-PCIE-40GB if that is yours\n"
+    )
+
+
+def test_a_gpu_count_is_the_tensor_parallel_size(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run_plan(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "8xH200", "--output", "json"
+    )
+    doc = json.loads(out)
+    assert (doc["gpu"], doc["tensor_parallel_size"], doc["pipeline_parallel_size"]) == (
+        "H200-141GB",
+        8,
+        1,
+    )
+
+
+def test_a_gpu_count_with_pipeline_stages_splits_over_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, out, _ = run_plan(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "4x L40S", "-pp", "2",
+        "--output", "json", "--no-what-if",
+    )  # fmt: skip
+    doc = json.loads(out)
+    assert (doc["tensor_parallel_size"], doc["pipeline_parallel_size"]) == (2, 2)

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
+import subprocess
+import sys
+import termios
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +35,15 @@ def write_log(folder: Path, rate: float = 1.0, seconds: int = 60) -> Path:
     for i in range(n):
         rows.append(f"{int(i * 1000 / rate)},{600 + 37 * (i % 11)},{120 + 13 * (i % 7)}")
     path = folder / "chat.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def write_ordinary_log(folder: Path, prompt: int = 600, rate: float = 1.0) -> Path:
+    """A log as a gateway writes it: seconds, and OpenAI's usage names."""
+    rows = ["timestamp,prompt_tokens,output_tokens"]
+    rows += [f"{i / rate:.3f},{prompt + 37 * (i % 11)},{120 + 13 * (i % 7)}" for i in range(60)]
+    path = folder / "gateway.csv"
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -99,16 +115,91 @@ def test_every_what_if_row_of_the_table_shows_the_traffic_held(
     assert all(re.search(r"[×] ?[\d.]+ traffic", r) for r in rows if "would not start" not in r)
 
 
-def test_table_says_what_the_deployment_holds_and_progress_goes_to_stderr(
+def test_table_says_what_the_deployment_holds(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     log = write_log(tmp_path)
-    code, out, err = run(capsys, "--traffic", str(log), *LOG_FLAGS, "--no-what-if")
+    code, out, _ = run(capsys, "--traffic", str(log), *LOG_FLAGS, "--no-what-if")
     assert code == 0
     assert "holds                   ×" in out
     assert "queue wait              p50" in out
-    assert "replaying 60 requests" in err
-    assert "as planned ×1: holds" in err
+
+
+def test_a_log_with_usual_column_names_plans_as_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = write_ordinary_log(tmp_path)
+    code, out, _ = run(capsys, "--traffic", str(log), "--no-what-if", "--output", "json")
+    assert code == 0
+    assert json.loads(out)["traffic"]["requests"] == 60
+
+
+def test_traffic_the_deployment_does_not_hold_at_1x_exits_1_after_the_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 60 prompts of 6k tokens a second: more prefill than an L4 computes in a second.
+    log = write_ordinary_log(tmp_path, prompt=6000, rate=60.0)
+    code, out, _ = run(capsys, "--traffic", str(log), "--no-what-if", "--output", "json")
+    doc = json.loads(out)["traffic"]
+    assert code == 1
+    assert doc["replay"]["held"] is False
+    assert doc["max_multiplier"] < 1
+
+
+def plan_cli(log: Path) -> list[str]:
+    return [sys.executable, "-m", "exporter", *PLAN, "--traffic", str(log), "--no-what-if"]
+
+
+def test_no_progress_is_written_when_stderr_is_a_pipe(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        plan_cli(write_ordinary_log(tmp_path)),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+
+
+def read_until_exit(fd: int, proc: subprocess.Popen[bytes], timeout: float) -> bytes:
+    """All a process writes to a pty until it exits (read as it comes: a full pty blocks
+    its writer)."""
+    got, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # Linux: EIO once the last writer has closed
+                break
+            if not chunk:
+                break
+            got += chunk
+        elif proc.poll() is not None:
+            break
+    return got
+
+
+def test_progress_on_a_terminal_is_one_line_redrawn_in_place(tmp_path: Path) -> None:
+    leader, follower = pty.openpty()
+    termios.tcsetwinsize(follower, (24, 300))  # wide enough for the temporary path
+    proc = subprocess.Popen(
+        plan_cli(write_ordinary_log(tmp_path)), stdout=subprocess.PIPE, stderr=follower
+    )
+    os.close(follower)
+    try:
+        shown = read_until_exit(leader, proc, timeout=120).decode()
+        proc.communicate(timeout=120)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0
+    redraws = shown.split("\r")
+    assert shown.count("\n") == 1  # the terminal's own line ending is "\r\n"
+    assert shown.endswith("\r\n")
+    assert len(redraws) > 3  # the line moved: several states were drawn over each other
+    assert redraws[1].startswith("replaying 60 requests over 1.0 min from ")
+    assert re.fullmatch(r"60 requests from \S+ replayed in [\d.]+ s\x1b\[K", redraws[-2])
 
 
 def test_a_tighter_queue_bound_holds_less_traffic(
@@ -147,7 +238,7 @@ def test_a_scenario_is_traffic_too(capsys: pytest.CaptureFixture[str]) -> None:
         "json",
     )
     doc = json.loads(out)["traffic"]
-    assert code == 0
+    assert code == 1  # at 1× it queues past 5 s behind the cap of 20: not held
     assert doc["binding_resource"] == "max_num_seqs"
 
 
@@ -156,6 +247,11 @@ def test_a_scenario_is_traffic_too(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--traffic-columns", "when=ts"], "--traffic-columns = 'when=ts'"),
         (["--traffic-columns", "prompt=in,output=out"], "has no column 'timestamp'"),
+        (
+            [],
+            "its columns: ts_ms, in, out; map them with "
+            "--traffic-columns time=COLUMN,prompt=COLUMN,output=COLUMN",
+        ),
         (["--traffic-precision", "0"], "--traffic-precision = 0.0"),
     ],
 )

@@ -8,6 +8,7 @@ caller supplies the parsed JSON.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,29 @@ def find_model(catalogue: tuple[CatalogueModel, ...], name: str) -> CatalogueMod
         names = ", ".join(m.name for m in short)
         raise InputError("--model", "", name, f"matches several catalogue models: {names}")
     return short[0] if short else None
+
+
+def close_models(catalogue: tuple[CatalogueModel, ...], name: str, n: int = 3) -> list[str]:
+    """The catalogue names nearest a name not found, best first: by full id or by the
+    part after the slash, as ``find_model`` matches (``Llama-3.1-8B`` finds
+    ``meta-llama/Llama-3.1-8B-Instruct``; ``mistral/Mistral-7B`` the Mistral 7Bs)."""
+    wanted = name.strip().lower()
+    by_key: dict[str, str] = {}
+    for model in catalogue:
+        by_key.setdefault(model.name.lower(), model.name)
+        by_key.setdefault(model.name.split("/")[-1].lower(), model.name)
+    keys = difflib.get_close_matches(wanted, by_key, n=3 * n, cutoff=0.6)
+    keys += difflib.get_close_matches(wanted.split("/")[-1], by_key, n=3 * n, cutoff=0.6)
+    scored = sorted(
+        dict.fromkeys(keys),
+        key=lambda k: (
+            -max(
+                difflib.SequenceMatcher(None, wanted, k).ratio(),
+                difflib.SequenceMatcher(None, wanted.split("/")[-1], k).ratio(),
+            )
+        ),
+    )
+    return list(dict.fromkeys(by_key[k] for k in scored))[:n]
 
 
 def describe(model: CatalogueModel) -> str:

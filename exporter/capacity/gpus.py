@@ -12,6 +12,7 @@ when you know yours. Sources of every figure: ``docs/gpu-memory-sources.json``.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -98,7 +99,7 @@ CATALOGUE: tuple[Gpu, ...] = (
         102005473280,
         "hopper",
         "CUDA total 102,005,473,280 B (95.00 GiB)",
-        ("nvidia gh200 480gb", "gh200 96gb hbm3"),
+        ("nvidia gh200 480gb", "gh200 96gb hbm3", "gh200"),
         memory_bandwidth=4e12,
         bf16_flops=9.89e14,
     ),
@@ -294,13 +295,26 @@ def neighbours(gpu: Gpu) -> tuple[Gpu | None, Gpu | None]:
 
 CPU = Gpu("cpu", 0, "cpu", "vLLM's CPU backend: KV memory is VLLM_CPU_KVCACHE_SPACE", ("cpu",))
 
+# Names people type for a GPU sold in several memory sizes. Each takes the variant clouds
+# rent for inference today, and ``resolve_gpu`` says so: a silent pick would plan the
+# wrong memory for whoever has the other part, a refusal would make everyone look up a
+# catalogue name for the common case.
+COMMON_VARIANTS: dict[str, tuple[str, str]] = {
+    "a100": ("A100-SXM4-80GB", "A100-SXM4-40GB or A100-PCIE-40GB"),
+    "v100": ("V100-SXM2-16GB", "V100-SXM2-32GB"),
+}
+
 
 def _key(name: str) -> str:
-    return re.sub(r"[\s_]+", "-", name.strip().lower())
+    """A name as compared: case, spaces, dashes and underscores ignored, so that
+    ``H100 80GB``, ``h100-80gb`` and ``RTX4090`` find their catalogue entries."""
+    return re.sub(r"[\s_-]+", "", name.strip().lower())
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|mib|mb|b)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "mb": 10**6, "gb": 10**9, "mib": 1 << 20, "gib": GIB}
+# ``2xH100``, ``8 x H200``, ``4×L40S``: how many GPUs, then which.
+_COUNT_RE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(\S.*)$", re.IGNORECASE)
 
 
 def parse_bytes(text: str, where: str) -> int:
@@ -315,16 +329,71 @@ def parse_bytes(text: str, where: str) -> int:
     return round(value)
 
 
-def lookup_gpu(name: str) -> Gpu:
+@dataclass(frozen=True)
+class GpuChoice:
+    """What ``--gpu`` named: the GPU, how many of them (None: not said), and a line to
+    tell the user where a short name was taken as one of its variants."""
+
+    gpu: Gpu
+    count: int | None = None
+    note: str | None = None
+
+
+def resolve_gpu(name: str, where: str = "--gpu") -> GpuChoice:
+    """``--gpu`` as people write it: a catalogue name or alias, a family name sold in
+    several sizes (``A100``: the common variant, with a note), a count in front
+    (``2xH100``), or a memory size."""
+    m = _COUNT_RE.match(name)
+    count = None
+    if m:
+        count = int(m.group(1))
+        if count == 0:
+            raise InputError(where, "", name, "the GPU count must be at least 1")
+        name = m.group(2)
+        try:
+            lookup_gpu(name, where)
+        except InputError as e:  # name the value as typed, count and all
+            raise InputError(where, "", m.group(0).strip(), e.problem) from None
+    key = _key(name)
+    if key in COMMON_VARIANTS:
+        taken, others = COMMON_VARIANTS[key]
+        note = (
+            f"{where} {name.strip()} taken as {taken}, the common one; "
+            f"name {others} if that is yours"
+        )
+        return GpuChoice(lookup_gpu(taken), count, note)
+    return GpuChoice(lookup_gpu(name, where), count)
+
+
+def lookup_gpu(name: str, where: str = "--gpu") -> Gpu:
     """A catalogue GPU by name or alias (case and separators ignored), or a size in bytes."""
     key = _key(name)
     for gpu in (*CATALOGUE, CPU):
         if key == _key(gpu.name) or key in (_key(a) for a in gpu.aliases):
             return gpu
+    if key in COMMON_VARIANTS:
+        return lookup_gpu(COMMON_VARIANTS[key][0])
     if _SIZE_RE.match(name):
-        total = parse_bytes(name, "--gpu")
+        total = parse_bytes(name, where)
         return Gpu(f"custom ({name.strip()})", total, "unknown", "--gpu as given")
-    known = ", ".join(g.name for g in CATALOGUE)
-    raise InputError(
-        "--gpu", "", name, f"unknown GPU; use one of {known}, cpu, or its memory (e.g. 79.19GiB)"
+    raise InputError(where, "", name, f"unknown GPU; {_suggest(key)}")
+
+
+def _suggest(key: str) -> str:
+    """The catalogue names closest to a name not found, without listing all of them:
+    a line of two dozen names hides the one the user meant."""
+    names: dict[str, str] = {}
+    for gpu in CATALOGUE:
+        for alias in (gpu.name, *gpu.aliases):
+            names.setdefault(_key(alias), gpu.name)
+    for short, (taken, _) in COMMON_VARIANTS.items():
+        names.setdefault(short, taken)
+    close = difflib.get_close_matches(key, names, n=6, cutoff=0.6)
+    matches = list(dict.fromkeys(names[k] for k in close))[:3]
+    rest = (
+        f"`kv-headroom plan --list-gpus` lists all {len(CATALOGUE)}; "
+        "or give its memory, e.g. 79.19GiB"
     )
+    if not matches:
+        return rest
+    return f"did you mean {' or '.join(matches)}? {rest}"

@@ -2,11 +2,15 @@
 
 A log is CSV (with a header row) or JSON Lines, one request a line. Which column holds
 what is the caller's to say (``LogFormat.columns``): arrival time, prompt tokens and
-output tokens are required; ``n`` (parallel sampling), a session/conversation id and
-prefix-block hashes (a list of ints in JSON Lines; in CSV a list of ints separated by
-spaces, ``;`` or ``|``) are read when mapped. ``parse_request_log`` is pure — text in,
-records out — so the simulator and ``plan --traffic`` read logs the same way; every
-problem is one ``InputError`` naming the file, the line and the column.
+output tokens are required; where a required column keeps its default name and the log
+has none of that name, a column of a usual name for it (``KNOWN_COLUMNS``: those of
+OpenAI-style usage, the Azure LLM inference traces, BurstGPT, vLLM's benchmarks) is
+read. ``n`` (parallel sampling), a session/conversation id and prefix-block hashes (a
+list of ints in JSON Lines; in CSV a list of ints separated by spaces, ``;`` or ``|``)
+are read when mapped. Arrival times are numbers in the log's time unit, or ISO 8601
+dates and times. ``parse_request_log`` is pure — text in, records out — so the
+simulator and ``plan --traffic`` read logs the same way; every problem is one
+``InputError`` naming the file, the line and the column.
 
 ``window`` then cuts and rescales what was read (``TrafficSpec``): the window
 ``[start, start + duration)`` of log time, stretched by ``time_scale``, thinned or
@@ -23,8 +27,9 @@ import json
 import math
 import random
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from exporter.errors import InputError
 
@@ -34,6 +39,106 @@ REQUIRED = ("time", "prompt", "output")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 DEFAULT_COLUMNS = {"time": "timestamp", "prompt": "input_length", "output": "output_length"}
 _HASH_SPLIT = re.compile(r"[\s;|,]+")
+
+# Usual names of the required columns, compared with case, spaces, dashes and
+# underscores ignored, in order of preference. Only where the default name is absent:
+# a log that has ``input_length`` reads it as before. Optional roles (sessions, prefix
+# hashes) are not guessed: reading a column nobody mapped would change what a log replays.
+KNOWN_COLUMNS: dict[str, tuple[str, ...]] = {
+    "time": (
+        "timestamp",  # also the Azure traces' TIMESTAMP and BurstGPT's Timestamp
+        "time",
+        "arrival_time",
+        "arrival_timestamp",
+        "arrival",
+        "request_time",
+        "start_time",
+        "created_at",
+        "created",
+        "ts",
+    ),
+    "prompt": (
+        "input_length",
+        "prompt_tokens",  # OpenAI-style usage
+        "input_tokens",
+        "context_tokens",  # Azure LLM inference traces: ContextTokens
+        "request_tokens",  # BurstGPT: Request tokens
+        "prompt_len",
+        "prompt_length",
+        "input_len",
+        "num_prompt_tokens",
+        "prompt_token_count",
+        "input_token_count",
+        "num_input_tokens",
+    ),
+    "output": (
+        "output_length",
+        "output_tokens",
+        "completion_tokens",  # OpenAI-style usage
+        "generated_tokens",  # Azure LLM inference traces: GeneratedTokens
+        "response_tokens",  # BurstGPT: Response tokens
+        "output_len",
+        "completion_length",
+        "num_output_tokens",
+        "num_completion_tokens",
+        "output_token_count",
+        "completion_token_count",
+        "generation_tokens",
+        "decode_tokens",
+    ),
+}
+
+
+def _loose(name: str) -> str:
+    return re.sub(r"[\s_-]+", "", name.strip().lower())
+
+
+def scenario_hint(roles: Sequence[str]) -> str:
+    """How a scenario maps columns: its log's ``columns:`` key."""
+    return "columns: {" + ", ".join(f"{role}: COLUMN" for role in roles) + "}"
+
+
+def resolve_columns(
+    header: Sequence[str],
+    where: str,
+    columns: Mapping[str, str],
+    hint: Callable[[Sequence[str]], str] = scenario_hint,
+    *,
+    line: int = 1,
+    optional_may_lack: bool = False,
+) -> dict[str, str]:
+    """``columns`` with each required role that keeps its default name, where the log
+    lacks that name, moved to the log's column of a usual name for it. Mapped names the
+    log does not have are one error naming them, the columns the log has, and how to map
+    them (``hint`` of the roles: ``--traffic-columns time=COLUMN`` for ``plan``).
+    ``optional_may_lack``: a JSON Lines log's first request stands for its header, and
+    may leave out an optional key that others have."""
+    out = dict(columns)
+    by_loose: dict[str, str] = {}
+    for name in header:
+        by_loose.setdefault(_loose(name), name)
+    missing: list[tuple[str, str]] = []  # (role, what the error says of it)
+    for role, name in columns.items():
+        if name in header or (optional_may_lack and role not in REQUIRED):
+            continue
+        usual = KNOWN_COLUMNS.get(role, ()) if name == DEFAULT_COLUMNS.get(role) else ()
+        found = next((by_loose[_loose(u)] for u in usual if _loose(u) in by_loose), None)
+        if found is not None:
+            out[role] = found
+        else:
+            either = " or a usual name for it" if usual else ""
+            missing.append((role, f"{name!r} (the {role} column{either})"))
+    if missing:
+        has = ", ".join(header) if header else "none"
+        raise InputError(
+            where,
+            f"line {line}",
+            None,
+            f"has no column {', nor '.join(what for _, what in missing)}; its columns: "
+            f"{has}; map {'them' if len(missing) > 1 else 'it'} with "
+            f"{hint([role for role, _ in missing])}",
+        )
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,16 +176,34 @@ class TrafficSpec:
     jitter: float = 0.0  # log seconds: spread requests over the log's time resolution
 
 
-def parse_request_log(text: str, where: str, fmt: LogFormat) -> list[LoggedRequest]:
-    """Every request of a log, in time order (a stable sort keeps the file's ties)."""
+def parse_request_log(
+    text: str, where: str, fmt: LogFormat, hint: Callable[[Sequence[str]], str] = scenario_hint
+) -> list[LoggedRequest]:
+    """Every request of a log, in time order (a stable sort keeps the file's ties).
+    ``hint`` is how the caller's user maps a column, named when one is missing."""
     missing = [role for role in REQUIRED if role not in fmt.columns]
     if missing:
         raise InputError(where, "columns", None, f"map the {missing[0]} column")
     if fmt.time_unit not in TIME_UNITS:
         raise InputError(where, "time_unit", fmt.time_unit, "must be s, ms or us")
     unit = TIME_UNITS[fmt.time_unit]
-    rows = _csv_rows(text, where, fmt) if fmt.format == "csv" else _jsonl_rows(text, where)
-    out = [_record(row, line, where, fmt.columns, unit) for line, row in rows]
+    rows = list(_csv_rows(text, where) if fmt.format == "csv" else _jsonl_rows(text, where))
+    if fmt.format == "csv":
+        header = list(csv.DictReader(io.StringIO(text)).fieldnames or [])
+        columns = resolve_columns(header, where, fmt.columns, hint) if header else {}
+    elif rows:  # JSON Lines has no header: the first request's keys stand for one
+        first_line, first = rows[0]
+        columns = resolve_columns(
+            [str(k) for k in first],
+            where,
+            fmt.columns,
+            hint,
+            line=first_line,
+            optional_may_lack=True,
+        )
+    else:
+        columns = {}
+    out = [_record(row, line, where, columns, unit) for line, row in rows]
     out.sort(key=lambda r: r.time)
     return out
 
@@ -100,12 +223,8 @@ def _jsonl_rows(text: str, where: str) -> Iterator[tuple[int, Mapping[str, objec
         yield number, row
 
 
-def _csv_rows(text: str, where: str, fmt: LogFormat) -> Iterator[tuple[int, Mapping[str, object]]]:
+def _csv_rows(text: str, where: str) -> Iterator[tuple[int, Mapping[str, object]]]:
     reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
-    for role, name in fmt.columns.items():
-        if name not in header:
-            raise InputError(where, "line 1", None, f"has no column {name!r} (the {role} column)")
     for row in reader:
         yield reader.line_num, row
 
@@ -133,26 +252,45 @@ def _record(
             )
         return int(number)
 
-    t = _as_number(value("time", required=True))
+    raw_time = value("time", required=True)
+    t, scale = _as_number(raw_time), unit
+    if t is None:
+        # Logs kept by a gateway (the Azure traces among them) write a date and time;
+        # only differences between requests matter, so the epoch serves as the origin.
+        t, scale = _as_datetime(raw_time), 1.0
     if t is None or not math.isfinite(t) or t < 0:
         raise InputError(
             where,
             f"line {line}, column {columns['time']}",
-            value("time", required=True),
-            "must be a time ≥ 0",
+            raw_time,
+            "must be a time ≥ 0 (a number, or a date and time like 2023-11-16 18:15:46.68)",
         )
     n = integer("n", 1)
     if n < 1:
         raise InputError(where, f"line {line}, column {columns['n']}", n, "must be at least 1")
     session = value("session", required=False)
     return LoggedRequest(
-        time=t * unit,
+        time=t * scale,
         prompt=integer("prompt", None),
         output=integer("output", None),
         n=n,
         session=None if session is None else str(session),
         hashes=_hashes(value("hashes", required=False), line, where, columns.get("hashes", "")),
     )
+
+
+def _as_datetime(v: object) -> float | None:
+    """An ISO 8601 date and time as seconds since the epoch (UTC where no zone is given),
+    or None."""
+    if not isinstance(v, str):
+        return None
+    try:
+        when = datetime.fromisoformat(v.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _as_number(v: object) -> float | None:

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from exporter.capacity.arch import ModelArch, parse_config, with_hf_quant_config
-from exporter.capacity.catalogue import CatalogueModel, find_model, parse_catalogue
+from exporter.capacity.catalogue import (
+    CatalogueModel,
+    close_models,
+    find_model,
+    parse_catalogue,
+)
 from exporter.deployment import Resolved
 from exporter.errors import InputError
 from exporter.log import get_logger
@@ -140,13 +145,20 @@ def load_model(spec: str) -> ModelSource:
             config = with_hf_quant_config(config, quant)
         weights, source = checkpoint_bytes(model_dir)
         return ModelSource(model_name(config_path), config, str(config_path), weights, source)
-    found = find_model(load_catalogue(), spec)
+    catalogue = load_catalogue()
+    found = find_model(catalogue, spec)
     if found is None:
+        close = close_models(catalogue, spec)
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
+        # The model people plan is often a fine-tune or a repack the catalogue cannot
+        # hold: its downloaded config.json is all plan needs, so say that first.
         raise InputError(
             "--model",
             "",
             spec,
-            "is neither a path nor a catalogue model; see `kv-headroom plan --list-models`",
+            f"is neither a path nor a catalogue model; {guess}A model you have downloaded "
+            "plans from its files: --model PATH (its dir or config.json); "
+            "`kv-headroom plan --list-models` lists the catalogue",
         )
     return ModelSource(
         found.name,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from exporter.capacity.catalogue import describe
+from exporter.capacity.catalogue import close_models, describe
 from exporter.cli import main
 from exporter.sources.model_dir import load_catalogue
 from tests.conftest import FIXTURES
@@ -119,3 +119,19 @@ def test_a_modelopt_entry_carries_its_hf_quant_config(capsys: pytest.CaptureFixt
     assert main(["plan", "--model", entry.name, "--output", "json", "--no-what-if"]) in (0, 1)
     doc = json.loads(capsys.readouterr().out)
     assert doc["kv_bytes_per_token"] == 80 * 8 * 128 * 2  # one byte per element: FP8 KV
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("google/gemma-2-27b", "google/gemma-2-27b-it"),
+        ("qwen3-8", "Qwen/Qwen3-8B"),
+        ("Qwen/Qwen2.5-72B-Instruct-AWQ", "Qwen/Qwen2.5-72B-Instruct"),
+    ],
+)
+def test_a_name_not_in_the_catalogue_finds_the_closest_first(typed: str, meant: str) -> None:
+    assert close_models(CATALOGUE, typed)[0] == meant
+
+
+def test_a_name_like_none_in_the_catalogue_finds_nothing() -> None:
+    assert close_models(CATALOGUE, "zzzz") == []

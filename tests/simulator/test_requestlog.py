@@ -10,6 +10,7 @@ import pytest
 from exporter.cli import main
 from exporter.errors import InputError
 from exporter.simulator.requestlog import (
+    DEFAULT_COLUMNS,
     LogFormat,
     LoggedRequest,
     TrafficSpec,
@@ -70,6 +71,68 @@ def test_a_bad_csv_value_names_the_file_line_and_column(text: str, message: str)
     with pytest.raises(InputError) as e:
         parse_request_log(text, "log.csv", CSV)
     assert str(e.value).startswith(message)
+
+
+DEFAULTS = LogFormat("csv", dict(DEFAULT_COLUMNS))
+
+
+@pytest.mark.parametrize(
+    ("header", "row"),
+    [
+        ("timestamp,prompt_tokens,output_tokens", "2.5,700,20"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens", "2.5,700,20"),  # the Azure traces
+        (
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",  # BurstGPT
+            "2.5,ChatGPT,700,20,720,Conversation log",
+        ),
+        ("arrival_time,input_tokens,completion_tokens", "2.5,700,20"),
+        ("time,prompt_len,output_len", "2.5,700,20"),
+    ],
+)
+def test_a_log_with_usual_column_names_reads_without_a_mapping(header: str, row: str) -> None:
+    text = f"{header}\n{row}\n"
+    assert parse_request_log(text, "log.csv", DEFAULTS) == [LoggedRequest(2.5, 700, 20)]
+
+
+def test_the_default_column_is_read_before_a_usual_name() -> None:
+    text = "timestamp,prompt_tokens,input_length,output_length\n0,1,2,3\n"
+    assert parse_request_log(text, "log.csv", DEFAULTS)[0].prompt == 2
+
+
+def test_a_column_mapped_by_name_is_not_guessed() -> None:
+    fmt = LogFormat("csv", {**DEFAULT_COLUMNS, "prompt": "in"})
+    with pytest.raises(InputError, match="has no column 'in' \\(the prompt column\\);"):
+        parse_request_log("timestamp,prompt_tokens,output_length\n0,1,2\n", "log.csv", fmt)
+
+
+def test_no_usual_name_says_which_columns_the_log_has_and_how_to_map_them() -> None:
+    with pytest.raises(InputError) as e:
+        parse_request_log("when,a,output_tokens\n0,1,2\n", "log.csv", DEFAULTS)
+    assert str(e.value) == (
+        "log.csv: line 1: has no column 'timestamp' (the time column or a usual name for it), "
+        "nor 'input_length' (the prompt column or a usual name for it); its columns: when, a, "
+        "output_tokens; map them with columns: {time: COLUMN, prompt: COLUMN}"
+    )
+
+
+def test_a_jsonl_log_is_recognised_by_its_first_requests_keys() -> None:
+    text = jsonl({"created_at": 3, "prompt_tokens": 10, "completion_tokens": 4})
+    fmt = LogFormat("jsonl", dict(DEFAULT_COLUMNS))
+    assert parse_request_log(text, "log.jsonl", fmt) == [LoggedRequest(3.0, 10, 4)]
+
+
+def test_optional_columns_are_not_guessed() -> None:
+    text = "timestamp,input_length,output_length,session_id,hash_ids\n0,1,2,a,7\n"
+    assert parse_request_log(text, "log.csv", DEFAULTS) == [LoggedRequest(0.0, 1, 2)]
+
+
+def test_dates_and_times_are_read_as_seconds_apart_whatever_the_time_unit() -> None:
+    text = (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,10,1\n2023-11-16 18:16:01.1805900,10,1\n"
+    )
+    records = parse_request_log(text, "log.csv", LogFormat("csv", dict(DEFAULT_COLUMNS), "ms"))
+    assert records[1].time - records[0].time == pytest.approx(14.5)
 
 
 def test_a_line_that_is_not_json_names_its_line_and_column() -> None:
