@@ -77,9 +77,9 @@ def find_model(catalogue: tuple[CatalogueModel, ...], name: str) -> CatalogueMod
 
 
 def close_models(catalogue: tuple[CatalogueModel, ...], name: str, n: int = 3) -> list[str]:
-    """The catalogue names nearest a name not found, best first: by full id or by the
-    part after the slash, as ``find_model`` matches (``Llama-3.1-8B`` finds
-    ``meta-llama/Llama-3.1-8B-Instruct``; ``mistral/Mistral-7B`` the Mistral 7Bs)."""
+    """The catalogue names nearest a name not found, best first, compared by full id and
+    by the part after the slash, as ``find_model`` matches (``google/gemma-2-27b`` finds
+    ``google/gemma-2-27b-it``; ``qwen3-8`` finds ``Qwen/Qwen3-8B``)."""
     wanted = name.strip().lower()
     by_key: dict[str, str] = {}
     for model in catalogue:
