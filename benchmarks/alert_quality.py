@@ -36,6 +36,9 @@ below 1 that no reading of ``/metrics`` lifts, so it is printed, not a target.
     python benchmarks/alert_quality.py [--scenario FILE ...] [--no-library] [--only NAME ...]
         [--seeds N] [--fast] [--jobs N] [--output json] [--plot [DIR]]
 
+``--fuzz N --seed S`` runs N hours drawn from the randomized family instead
+(``benchmarks/fuzz.py``).
+
 ``--fast`` (CI): one seed, polls every 5 s, each run cut to its first 10 minutes.
 ``--plot`` writes one PNG per real-traffic scenario (first seed) into DIR (docs/traffic).
 """
@@ -594,7 +597,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-library", action="store_true", help="only the --scenario files, not the library"
     )
+    parser.add_argument(
+        "--fuzz", type=int, metavar="N", help="run N hours drawn from the randomized family"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the first family seed (--fuzz)")
+    parser.add_argument("--no-cache", action="store_true", help="--fuzz: recompute every placement")
     args = parser.parse_args(argv)
+    if args.fuzz:
+        from benchmarks.fuzz import main_fuzz
+
+        return main_fuzz(
+            args.fuzz, args.seed, args.interval or 2.0, args.jobs, not args.no_cache, args.output
+        )
     args.seeds = args.seeds or (1 if args.fast else 3)
     interval = args.interval or (5.0 if args.fast else 2.0)
     configure("error", "json", sys.stderr)

@@ -46,7 +46,6 @@ from exporter.risk.model import (
     STEEPNESS,
     TREND_MIN_SECONDS,
     TREND_SECONDS,
-    TTE_SECONDS,
     Z_HALF,
     Inputs,
     Point,
@@ -67,6 +66,10 @@ from exporter.sources.vllm_page import (
     EngineMetrics,
     cut_label,
 )
+
+# The one-minute growth the time to exhaustion used at 1ae06a7 (the model now takes it
+# from its forecast, issue 27): kept here, with the copy it belongs to.
+TTE_SECONDS = 60.0
 
 # The risk model (exporter/risk/model.py at 1ae06a7, from _moments on).
 
@@ -192,6 +195,7 @@ def queued_tokens(
     max_num_seqs: int | None,
     bottleneck: str | None = None,
 ) -> float:
+
     """What the waiting queue adds to the occupancy: requests become resident only as fast
     as the engine admits them faster than it finishes others (Little's law: resident =
     running × admitted ÷ finished over the last minute), at most all of them and

@@ -48,8 +48,11 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   level has not caught up with yet.
 
 ``preemption_risk`` is the larger of the score and the batch term; ``overcommit_ratio``
-the batch's committed growth over the free tokens; ``seconds_to_exhaustion`` the free
-tokens over the occupancy's one-minute trend (+Inf when it is not growing). A vLLM restart
+the batch's committed growth over the free tokens; ``seconds_to_exhaustion`` when the
+same forecast crosses the top (from the occupancy now to the forecast level at the
+horizon, then along the trend; +Inf when it never does: "not on this trend");
+``forecast_usage`` the forecast level over the capacity, the gauge of the ticket-level
+"running at the edge" signal (``EDGE_THRESHOLD``). A vLLM restart
 (a new epoch) starts the history afresh and a trend needs two minutes of it; an idle
 server has no risk.
 
@@ -79,7 +82,7 @@ from exporter.capacity.histogram import Histogram
 
 LEVEL_SECONDS = 120.0  # the occupancy level is its mean over this long
 TREND_SECONDS = 300.0  # its trend is fitted over this long
-TTE_SECONDS = 60.0  # time to exhaustion uses this trend
+RATE_SECONDS = 60.0  # admission and finish rates are counted over this long
 QUEUE_SECONDS = 30.0  # the waiting queue is its mean over this long
 # Arrivals are counted over this long to tell a load that is leaving: over 30 s their
 # count is noisy enough to dip the level of a load that is still rising (measured: the
@@ -94,6 +97,13 @@ Z_HALF = 4.5  # spreads of headroom at which the score is 0.5
 ALERT_THRESHOLD = 0.5
 ALERT_FOR_SECONDS = 15.0
 STEEPNESS = 2.0  # how fast the score rises as the headroom closes
+# The ticket, not the page (rules/ uses the same): the forecast occupancy above this share
+# of the cache for this long — a server that runs near full without a forecast overflow.
+# Set before the fuzz tier measured it: 90 % is where vLLM's own advice to add memory
+# starts to matter, and ten minutes is twice the page's horizon-plus-hold, long enough
+# that a burst passing through is not a ticket.
+EDGE_THRESHOLD = 0.9
+EDGE_FOR_SECONDS = 600.0
 _NORMAL = NormalDist()
 
 
@@ -138,6 +148,7 @@ class Risk:
     seconds_to_exhaustion: float
     preemption_risk: float
     history_seconds: float = 0.0  # how much of this epoch's history the figures rest on
+    forecast_usage: float = 0.0  # the forecast level over the capacity (the ticket's gauge)
 
 
 IDLE = Risk(0.0, 0.0, 0.0, 0.0, 0.0, math.inf, 0.0)
@@ -348,7 +359,7 @@ def queued_tokens(
     target = last.running + waiting
     if max_num_seqs:
         target = min(target, float(max_num_seqs))
-    window = pts[since(pts, last.t - TTE_SECONDS) :]
+    window = pts[since(pts, last.t - RATE_SECONDS) :]
     first = window[0]
     finished = last.finished - first.finished
     if finished > 0 and first.prompt is not None and last.prompt is not None:
@@ -361,6 +372,20 @@ def queued_tokens(
         # server reads 60 waiting and a cache 15 % full, and never preempts).
         target = last.running
     return max(0.0, target - last.running) * per_request
+
+
+def exhaustion_seconds(used: float, forecast: float, trend: float, capacity: float) -> float:
+    """When the forecast crosses the top: the occupancy goes from ``used`` now to the
+    forecast level at ``HORIZON`` (straight), and on along the trend after it. +Inf when
+    it never does — the time and the score tell one story, from one forecast."""
+    free = capacity - used
+    if free <= 0:
+        return 0.0
+    if forecast >= capacity and forecast > used:
+        return HORIZON * free / (forecast - used)
+    if trend > 0:
+        return HORIZON + (capacity - forecast) / trend
+    return math.inf
 
 
 def current_epoch(points: Sequence[Point]) -> Sequence[Point]:
@@ -377,7 +402,7 @@ def assess(inputs: Inputs) -> Risk:
     pts = current_epoch(inputs.points)
     last = pts[-1]
     history = last.t - pts[0].t
-    if last.running <= 0 and last.waiting <= 0 and last.usage <= 0 and history < TTE_SECONDS:
+    if last.running <= 0 and last.waiting <= 0 and last.usage <= 0 and history < RATE_SECONDS:
         return dataclasses.replace(IDLE, history_seconds=history)
     capacity = inputs.capacity_tokens
     # Columns by map() over attribute getters: C loops, no Python frame per point.
@@ -394,10 +419,6 @@ def assess(inputs: Inputs) -> Risk:
         """The last ``seconds`` of times and occupancies (a bisection: times are ordered)."""
         i = bisect_left(ts, last.t - seconds)
         return ts[i:], used[i:]
-
-    t_short, u_short = window(TTE_SECONDS)
-    growth = _fit(t_short, u_short)[0] if len(t_short) > 2 else 0.0
-    tte = free / growth if growth > 0 else math.inf
 
     _, u_level = window(LEVEL_SECONDS)
     level = sum(u_level) / len(u_level)
@@ -435,6 +456,8 @@ def assess(inputs: Inputs) -> Risk:
     forecast += queued_tokens(
         pts, prompt_mean, prompt_mean + generation_mean / 2, inputs.max_num_seqs, inputs.bottleneck
     )
+
+    tte = exhaustion_seconds(used[-1], forecast, trend, capacity)
 
     # Little's law: mean duration = mean running / finish rate.
     trend_start = len(pts) - len(t_trend)  # the trend window's first point
@@ -499,4 +522,5 @@ def assess(inputs: Inputs) -> Risk:
     if not math.isfinite(overcommit):
         batch = 1.0
     risk = max(touch, batch * min(1.0, last.usage / 0.8))
-    return Risk(forecast, spread, free, committed, overcommit, tte, risk, history)
+    usage_forecast = forecast / capacity if capacity > 0 else 0.0
+    return Risk(forecast, spread, free, committed, overcommit, tte, risk, history, usage_forecast)

@@ -41,6 +41,7 @@ class Tick:
     gauge: str | None = None  # the resource the sidecar's bottleneck gauge named
     load_headroom_ratio: float | None = None  # None: no traffic to scale
     load_headroom_resource: str | None = None
+    edge: float = 0.0  # the forecast occupancy over the capacity (the ticket's gauge)
 
 
 def gauge_resource(value: object) -> str | None:
@@ -88,7 +89,7 @@ class _SimulatedClient:
         return self._sim.sizing.plan.request.release.label
 
 
-async def _replay(scenario: Scenario, interval: float) -> Replay:
+async def _replay(scenario: Scenario, interval: float, after_preemption: float | None) -> Replay:
     sim = Simulation(scenario)
     clock = [0.0]
     plan = sim.sizing.plan
@@ -107,6 +108,13 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
     poller = Poller(config, _SimulatedClient(sim, clock), deps)
     ticks = []
     while clock[0] < scenario.duration:
+        first = sim.engine.first_preemption_at
+        if (
+            after_preemption is not None
+            and first is not None
+            and clock[0] >= first + after_preemption
+        ):
+            break  # what comes after the first preemption is not what the run is judged on
         clock[0] += interval
         snap = await poller.poll_once()
         view = snap.engines[0] if snap.engines else None
@@ -128,6 +136,7 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
                 gauge=gauge_resource(getattr(view, "bottleneck", None)),
                 load_headroom_ratio=view.load_headroom_ratio if view else None,
                 load_headroom_resource=view.load_headroom_resource if view else None,
+                edge=risk.forecast_usage if risk else 0.0,
             )
         )
     await poller.close()
@@ -141,6 +150,9 @@ async def _replay(scenario: Scenario, interval: float) -> Replay:
     )
 
 
-def replay(scenario: Scenario, interval: float = 2.0) -> Replay:
-    """The sidecar polling a simulated vLLM every ``interval`` seconds for the scenario."""
-    return asyncio.run(_replay(scenario, interval))
+def replay(
+    scenario: Scenario, interval: float = 2.0, after_preemption: float | None = None
+) -> Replay:
+    """The sidecar polling a simulated vLLM every ``interval`` seconds for the scenario
+    (with ``after_preemption``, only until that long after the first preemption)."""
+    return asyncio.run(_replay(scenario, interval, after_preemption))

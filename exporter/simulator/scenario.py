@@ -156,6 +156,8 @@ class Scenario:
     traffic: tuple[TrafficLog, ...] = ()
     stalls: tuple[tuple[float, float], ...] = ()  # (from, until): admission stopped
     tags: tuple[str, ...] = field(default=())  # the scenario's classes, for the benchmark
+    # Arrivals drawn in code (the benchmark's randomized family), beside phases and logs.
+    requests: tuple[Arrival, ...] = field(default=(), repr=False)
 
     def foreign_bytes_at(self, t: float) -> int:
         current = 0
@@ -180,7 +182,7 @@ class Arrival:
 
 def arrivals(scenario: Scenario) -> Iterator[Arrival]:
     """All open-loop arrivals, in time order: the phases' and the logs'."""
-    streams = [_phase_arrivals(scenario)]
+    streams = [_phase_arrivals(scenario), iter(sorted(scenario.requests, key=lambda a: a.time))]
     streams += [
         log_arrivals(log, index, scenario.seed, scenario.duration)
         for index, log in enumerate(scenario.traffic)

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 
 from exporter.capacity.histogram import Histogram
-from exporter.risk.model import ALERT_THRESHOLD, Inputs, Point, assess
+from exporter.risk.model import ALERT_THRESHOLD, HORIZON, Inputs, Point, assess
 
 BOUNDS = (100.0, 200.0, 1000.0, 2000.0)
 
@@ -70,10 +70,26 @@ def test_fast_growth_is_a_risk() -> None:
     assert assess(inputs(points)).preemption_risk > ALERT_THRESHOLD
 
 
-def test_fast_growth_has_a_finite_time_to_exhaustion() -> None:
+def test_fast_growth_is_exhausted_when_its_forecast_crosses_the_top() -> None:
     points = history(300, lambda t: 0.3 + 0.5 * t / 300, lambda t: 20 + 60 * t / 300)
-    # 20 % of the cache left, filling at 50 % per 300 s: 120 s.
-    assert math.isclose(assess(inputs(points)).seconds_to_exhaustion, 120.0, rel_tol=0.02)
+    risk = assess(inputs(points))
+    # The forecast is over the top at the horizon: it crosses it before then, from the
+    # occupancy now towards the forecast level.
+    used = 0.8 * 84_000
+    expected = HORIZON * (84_000 - used) / (risk.level_tokens - used)
+    assert risk.level_tokens >= 84_000
+    assert math.isclose(risk.seconds_to_exhaustion, expected, rel_tol=1e-9)
+    assert risk.seconds_to_exhaustion <= HORIZON
+
+
+def test_a_forecast_below_the_top_is_not_exhausted_on_this_trend() -> None:
+    # Filling a little (6 % a minute from 5 %), as the demo's first minute does: a growth
+    # over a minute is no exhaustion when the forecast never reaches the top.
+    points = history(360, lambda t: 0.05 + 0.06 * max(0.0, t - 300) / 60, lambda t: 5.0)
+    risk = assess(inputs(points))
+    assert risk.level_tokens < 84_000
+    assert risk.preemption_risk < ALERT_THRESHOLD
+    assert risk.seconds_to_exhaustion > HORIZON
 
 
 def test_a_flat_cache_never_exhausts() -> None:
