@@ -20,6 +20,7 @@ from prometheus_client.utils import floatToGoString as _untyped_go_float
 from exporter import __version__
 from exporter.risk.bottleneck import RESOURCES
 from exporter.risk.headroom import RESOURCES as HEADROOM_RESOURCES
+from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD
 from exporter.snapshot import EngineView, Snapshot
 from exporter.sources.nvml import MAX_GPUS
 from exporter.sources.vllm_page import (
@@ -85,7 +86,8 @@ METRICS: tuple[Spec, ...] = (
     # risk
     Spec("overcommit_ratio", "gauge", _E, "Expected remaining growth of the running sequences (committed_tokens) over the free KV tokens; above 1 the running batch will not fit.", "ratio", "risk model"),
     Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
-    Spec("seconds_to_exhaustion", "gauge", _E, "Free KV tokens over the growth of used tokens (trend over the last minute); +Inf when not growing.", "seconds", "risk model"),
+    Spec("seconds_to_exhaustion", "gauge", _E, "When the risk score's own forecast crosses the KV capacity: from the occupancy now to the forecast level 3 minutes ahead, then along the trend; +Inf when it never does (not on this trend).", "seconds", "risk model"),
+    Spec("forecast_usage_ratio", "gauge", _E, f"The risk score's forecast KV level 3 minutes ahead over the capacity (0-1; above 1 it overflows); above {EDGE_THRESHOLD:g} for {EDGE_FOR_SECONDS / 60:g} minutes the server runs at the edge (a ticket, not a page).", "ratio", "risk model"),
     Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
     Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
     Spec("load_headroom_ratio", "gauge", _E, "How many times today's traffic (arrival rate, same request mix) the engine holds before the forecast KV level reaches the preemption alert point or the batch fills max_num_seqs, counting that a busier engine steps more slowly (KV reads, prefill); below 1: scale out. Absent without traffic.", "ratio", "risk model"),
@@ -297,6 +299,7 @@ class SnapshotCollector:
             f.add("overcommit_ratio", [e], v.risk.overcommit_ratio)
             f.add("committed_tokens", [e], v.risk.committed_tokens)
             f.add("seconds_to_exhaustion", [e], v.risk.seconds_to_exhaustion)
+            f.add("forecast_usage_ratio", [e], v.risk.forecast_usage)
             f.add("preemption_risk", [e], v.risk.preemption_risk)
             f.add("risk_history_seconds", [e], v.risk.history_seconds)
         if v.load_headroom_ratio is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 from aiohttp.test_utils import TestServer
 
@@ -41,5 +42,33 @@ async def test_expected_capacity_equals_what_the_simulator_serves(make_rig: Make
         assert tokens["expected"] == tokens["observed"]
         status, report = await check_metrics(text)
         assert status == 0, report
+    finally:
+        await server.close()
+
+
+async def test_the_forecast_usage_is_the_risks_forecast_level_over_the_capacity(
+    make_rig: MakeRig,
+) -> None:
+    # The ticket's alert reads this gauge: it must be the risk model's own forecast (the
+    # level the score rests on) over the cache, exported for each engine with a risk.
+    sim = Simulation(load_scenario("steady"))
+    server = TestServer(create_app(sim, speed=50.0), host="127.0.0.1")
+    await server.start_server()
+    try:
+        rig = await make_rig(str(server.make_url("")).rstrip("/"), model_path=sim.sizing.model_name)
+        await asyncio.sleep(0.5)
+        await rig.poll(2)
+        risks = {v.engine: v for v in rig.poller.snapshot.engines if v.risk is not None}
+        exported = families_by_name(rig.text)["kv_headroom_forecast_usage_ratio"]
+        usage = {labels["engine"]: value for labels, value in exported}
+        assert set(usage) == set(risks)
+        for engine, view in risks.items():
+            assert view.risk is not None
+            assert view.occupancy is not None
+            # The cache the model scores against: the usable slots (used + free), which
+            # leave out vLLM's reserved block.
+            usable = view.occupancy.used_tokens + view.occupancy.free_tokens
+            assert usage[engine] > 0  # the simulator is serving: a level to forecast
+            assert math.isclose(usage[engine], view.risk.level_tokens / usable)
     finally:
         await server.close()
