@@ -7,8 +7,11 @@ runs family seeds S … S+N−1. The tier is ``--fuzz 300 --seed 0`` (docs/risk-
 held-out seeds start at 100000 and are run once, after a change, never to tune it. A
 placement depends only on the draw and the simulated engine, not on the risk model, so
 it is kept in ``.cache/fuzz/`` (keyed by the family's version, the engine's configuration
-and a hash of the engine's and the family's code) and reused by the next run;
-``--no-cache`` recomputes it.
+and a hash of the engine's and the family's code) and reused by the next run. So is each
+replayed hour, with every input the sidecar handed the risk model (keyed by the sidecar's
+poll pipeline): a run is always scored by today's ``assess`` on those inputs, so a change
+to the risk model alone re-scores the whole tier in seconds. ``--no-cache`` recomputes
+both.
 
 Scored per kind (``safe-near-edge``, ``safe-light``, ``ramp-overload``, ``abrupt-overload``),
 each run judged by what happened (a run that preempted is an overload run whatever its
@@ -19,10 +22,13 @@ signal: on safe hours, minutes it is on per hour, and how many near-edge hours i
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import hashlib
 import itertools
 import json
 import math
+import pickle
 import statistics
 import sys
 import time
@@ -32,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from exporter import snapshot
 from exporter.log import configure
-from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD, HORIZON
+from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD, HORIZON, Inputs, Risk, assess
 from exporter.simulator import family
 from exporter.simulator.replay import Replay, Tick, replay
 
@@ -94,6 +101,76 @@ def _placement(seed: int, use_cache: bool) -> tuple[family.Draw, dict[str, Any]]
     return d, record
 
 
+def _sidecar_key() -> str:
+    """What a recorded run depends on besides its placement: the sidecar's poll pipeline up
+    to the risk model's inputs (not the risk model: runs are re-scored with today's)."""
+    h = hashlib.sha256()
+    names = [
+        "exporter/snapshot.py",
+        "exporter/observe.py",
+        "exporter/poller.py",
+        "exporter/risk/bottleneck.py",
+        "exporter/sources/vllm_page.py",
+        "exporter/simulator/replay.py",
+        "exporter/simulator/page.py",
+        "exporter/simulator/simulation.py",
+        "exporter/simulator/scenario.py",
+    ]
+    for name in names:
+        h.update((ROOT / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One replayed hour: what the simulator knew, and every ``Inputs`` the sidecar handed
+    the risk model, so that a changed model is scored in seconds without replaying."""
+
+    replay: Replay
+    inputs: tuple[Inputs, ...]
+
+
+def _record(scenario: Any, interval: float) -> Recorded:
+    seen: list[Inputs] = []
+    real = assess
+
+    def spy(inputs: Inputs) -> Risk:
+        seen.append(inputs)
+        return real(inputs)
+
+    setattr(snapshot, "assess", spy)  # noqa: B010 - the module's name for it, at run time
+    try:
+        rep = replay(scenario, interval, after_preemption=AFTER_PREEMPTION)
+    finally:
+        setattr(snapshot, "assess", real)  # noqa: B010
+    # The scenario's arrivals are the bulk of it and are re-drawn from the seed.
+    rep = dataclasses.replace(rep, scenario=dataclasses.replace(rep.scenario, requests=()))
+    return Recorded(rep, tuple(seen))
+
+
+def rescored(rec: Recorded) -> Replay:
+    """The recorded hour with today's risk model: each poll's risk, time to exhaustion and
+    forecast usage recomputed from the inputs the sidecar gave the model at that poll."""
+    by_time = {i.points[-1].t: i for i in rec.inputs if i.points}
+    ticks = []
+    for tick in rec.replay.ticks:
+        inputs = by_time.get(tick.t)
+        if inputs is None:
+            ticks.append(tick)
+            continue
+        risk = assess(inputs)
+        ticks.append(
+            dataclasses.replace(
+                tick,
+                preemption_risk=risk.preemption_risk,
+                seconds_to_exhaustion=risk.seconds_to_exhaustion,
+                overcommit_ratio=risk.overcommit_ratio,
+                edge=risk.forecast_usage,
+            )
+        )
+    return dataclasses.replace(rec.replay, ticks=ticks)
+
+
 def run_one(args: tuple[int, float, bool]) -> FuzzRun:
     seed, interval, use_cache = args
     configure("error", "json", sys.stderr)
@@ -101,8 +178,17 @@ def run_one(args: tuple[int, float, bool]) -> FuzzRun:
     d, record = _placement(seed, use_cache)
     rep = None
     if record["multiple"] is not None:
-        placed = family.Placed(d, _limit(record), record["multiple"])
-        rep = replay(placed.scenario(), interval, after_preemption=AFTER_PREEMPTION)
+        path = CACHE / "runs" / f"{seed}-{_placement_key(d)}-{_sidecar_key()}-{interval:g}.pkl.gz"
+        if use_cache and path.is_file():
+            with gzip.open(path, "rb") as f:
+                rec = pickle.load(f)
+        else:
+            placed = family.Placed(d, _limit(record), record["multiple"])
+            rec = _record(placed.scenario(), interval)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(path, "wb", compresslevel=3) as f:
+                pickle.dump(rec, f)
+        rep = rescored(rec)
     return FuzzRun(
         seed, d.kind, d.describe(), record["held"], record["multiple"], rep,
         time.perf_counter() - started,
