@@ -1,17 +1,19 @@
-"""The shipped preemption alert is the one the risk model was calibrated for."""
+"""The shipped preemption alert is the one the risk model was calibrated for, and the
+running-at-the-edge ticket reads the model's own edge constants."""
 
 from __future__ import annotations
 
 import re
 
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
+from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, EDGE_FOR_SECONDS, EDGE_THRESHOLD
 from tests.rules.rulefiles import Rule, alerts, seconds
 
 ALERT = "VllmKvCachePreemptionImminent"
+EDGE = "VllmKvCacheRunningAtEdge"
 
 
-def _rule() -> Rule:
-    (rule,) = [a for a in alerts() if a.name == ALERT]
+def _rule(name: str = ALERT) -> Rule:
+    (rule,) = [a for a in alerts() if a.name == name]
     return rule
 
 
@@ -23,6 +25,23 @@ def test_preemption_alert_threshold_is_alert_threshold() -> None:
 
 def test_preemption_alert_for_is_alert_for_seconds() -> None:
     assert seconds(_rule().body["for"]) == ALERT_FOR_SECONDS
+
+
+def test_edge_ticket_threshold_is_edge_threshold() -> None:
+    expr = _rule(EDGE).expr
+    m = re.fullmatch(r"\s*kv_headroom_forecast_usage_ratio\s*>\s*([0-9.eE+-]+)\s*", expr)
+    assert m, f"unexpected expression: {expr!r}"
+    assert float(m.group(1)) == EDGE_THRESHOLD
+
+
+def test_edge_ticket_for_is_edge_for_seconds() -> None:
+    assert seconds(_rule(EDGE).body["for"]) == EDGE_FOR_SECONDS
+
+
+def test_edge_ticket_is_a_ticket_not_a_page() -> None:
+    # A server near full for hours without a forecast overflow is a working day's fix;
+    # the page stays for the overflow.
+    assert _rule(EDGE).body["labels"]["severity"] == "warning"
 
 
 def test_durations_are_read_as_prometheus_writes_them() -> None:
