@@ -1,21 +1,40 @@
-"""The risk model's windows by bisection and its statistics in fewer passes (issue 17)
-change no figure: today's ``assess`` against the one before, on what the sidecar's own
-poll pipeline hands it while replaying library scenarios. Since then one thing changed on
-purpose: a queue that waits for prefill compute narrows the spread (``paced_factor``), and
-the time to exhaustion now comes from the score's own forecast (``CHANGED_ON_PURPOSE``)."""
+"""Today's risk model gives, figure by figure, what the model of a pinned git revision
+gave, on what the sidecar's own poll pipeline hands it while replaying library scenarios.
+
+The models before are read from git (``git show <revision>:exporter/risk/model.py``) and
+imported from a temporary directory, never kept as an edited copy: a copy drifts with
+the code it is meant to hold still. ``BEFORE`` is main before issue 27 began (543e2a9):
+every poll is compared, and the only fields left out are those ``CHANGED_ON_PURPOSE``
+since. ``BEFORE_PACED`` is the model just before a queue waiting for prefill compute
+narrowed the spread (``paced_factor``, 020a786): against it, the compute-bound polls may
+differ in the spread and the score alone, and only narrow the spread.
+
+CI clones with full history; without git or a revision these tests fail (never skip).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-from benchmarks import poll_reference
 from exporter import snapshot
 from exporter.risk.model import Inputs, Risk, assess
 from exporter.simulator.replay import replay
 from exporter.simulator.simulation import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_PATH = "exporter/risk/model.py"
+BEFORE = "543e2a9c4f81dba684ddc53dfbea4af758d802ef"  # main before issue 27
+BEFORE_PACED = "5e164568f1a3a225bf7ce63cbc302bfc4b56d33f"  # the parent of 020a786
 
 # A ramp into preemption, a cache capped by max_num_seqs, a scheduler stall, parallel
 # sampling, a long-context burst and prefill-bound bursts from a real trace (Mooncake):
@@ -29,6 +48,51 @@ SCENARIOS = (
     "trace-prefill-bursts-overload",
 )
 MAX_SECONDS = 720.0  # each scenario's first 12 minutes: well past the 5-minute windows
+
+# Changed on purpose since BEFORE (issue 27): the time to exhaustion comes from the
+# forecast the score rests on, not from the last minute's growth; the forecast usage is
+# new. A field added or dropped since must be named here, or the comparison fails.
+CHANGED_ON_PURPOSE = frozenset({"seconds_to_exhaustion", "forecast_usage"})
+
+
+def model_at(revision: str, into: Path) -> ModuleType:
+    """``exporter/risk/model.py`` as it was at ``revision``, imported under its own name
+    (it imports today's package for anything outside the file, as ``Histogram``)."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.fail("the pinned risk models are read with git, and git is not installed")
+    shown = subprocess.run(
+        [git, "-C", str(ROOT), "show", f"{revision}:{MODEL_PATH}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if shown.returncode != 0:
+        pytest.fail(
+            f"git show {revision[:7]}:{MODEL_PATH} failed (a shallow clone? CI fetches full "
+            f"history): {shown.stderr.strip()}"
+        )
+    name = f"risk_model_at_{revision[:7]}"
+    path = into / f"{name}.py"
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the file runs.
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def before(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return model_at(BEFORE, tmp_path_factory.mktemp("before"))
+
+
+@pytest.fixture(scope="module")
+def before_paced(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return model_at(BEFORE_PACED, tmp_path_factory.mktemp("before_paced"))
 
 
 def replayed_inputs(name: str, monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
@@ -55,44 +119,42 @@ def restarted(inputs: Inputs) -> Inputs:
     return dataclasses.replace(inputs, points=points)
 
 
-# Changed on purpose since (issue 27): the time to exhaustion comes from the forecast the
-# score rests on, not from the last minute's growth; the forecast usage is new.
-CHANGED_ON_PURPOSE = {"seconds_to_exhaustion", "forecast_usage"}
-
-
-def assert_same(new: Risk, before: Risk) -> None:
-    """Every Risk field but those ``CHANGED_ON_PURPOSE``."""
-    for field in dataclasses.fields(Risk):
-        if field.name in CHANGED_ON_PURPOSE:
-            continue
-        a, b = getattr(new, field.name), getattr(before, field.name)
-        assert a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), (field.name, a, b)
+def assert_same(new: Risk, old: Any, changed: frozenset[str] = CHANGED_ON_PURPOSE) -> None:
+    """Every field of both Risks but those in ``changed``; a field only one of them has
+    fails unless it is named there, so nothing is left out unsaid."""
+    ours = {f.name for f in dataclasses.fields(new)}
+    theirs = {f.name for f in dataclasses.fields(old)}  # the pinned model's own Risk
+    assert ours ^ theirs <= changed, ("fields added or dropped, not named", ours ^ theirs)
+    for name in sorted((ours & theirs) - changed):
+        a, b = getattr(new, name), getattr(old, name)
+        assert a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), (name, a, b)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_every_risk_figure_is_the_one_the_previous_model_gave_except_compute_bottleneck_cases(
-    name: str, monkeypatch: pytest.MonkeyPatch
+def test_every_risk_figure_is_the_one_the_model_before_issue_27_gave_but_those_changed_on_purpose(
+    name: str, before: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every poll whose ``bottleneck`` is not ``"compute"`` gives the figures of before.
-
-    Polls with ``bottleneck == "compute"`` are left out of this comparison: there a queue
-    waits for prefill compute and the spread narrows on purpose (``paced_factor``);
-    ``test_a_queue_waiting_for_compute_only_narrows_the_spread`` holds those instead.
-    """
+    """Every poll, compute-bound ones included, against the model at ``BEFORE``."""
     cases = replayed_inputs(name, monkeypatch)
     assert len(cases) >= 300  # a poll every 2 s for 10 minutes or more
     cases += [restarted(c) for c in cases[::10]]
-    compared = [c for c in cases if c.bottleneck != "compute"]
-    # The exclusion must not empty the comparison: the prefill-bound trace, the scenario
-    # most often compute-bound, still compares about 30 % of its polls.
-    assert len(compared) >= len(cases) // 4
-    for inputs in compared:
-        assert_same(assess(inputs), poll_reference.assess(inputs))
+    for inputs in cases:
+        assert_same(assess(inputs), before.assess(inputs))
+
+
+def test_every_name_changed_on_purpose_is_a_risk_field(before: ModuleType) -> None:
+    """A stale name would widen the exclusion without anyone noticing."""
+    names = {f.name for f in dataclasses.fields(Risk)} | {
+        f.name for f in dataclasses.fields(before.Risk)
+    }
+    assert names >= CHANGED_ON_PURPOSE
 
 
 def test_a_queue_waiting_for_compute_only_narrows_the_spread(
-    monkeypatch: pytest.MonkeyPatch,
+    before_paced: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Against the model before paced admission, a compute-bound poll differs in the
+    spread and the score alone (besides ``CHANGED_ON_PURPOSE``), and the spread narrows."""
     cases = [
         c
         for c in replayed_inputs("trace-prefill-bursts-overload", monkeypatch)
@@ -100,11 +162,8 @@ def test_a_queue_waiting_for_compute_only_narrows_the_spread(
     ]
     narrower = 0
     for inputs in cases:
-        new, before = assess(inputs), poll_reference.assess(inputs)
-        unchanged = dataclasses.replace(
-            new, spread_tokens=before.spread_tokens, preemption_risk=before.preemption_risk
-        )
-        assert_same(unchanged, before)
-        assert new.spread_tokens <= before.spread_tokens * (1 + 1e-9)
-        narrower += new.spread_tokens < before.spread_tokens * 0.99
+        new, old = assess(inputs), before_paced.assess(inputs)
+        assert_same(new, old, CHANGED_ON_PURPOSE | {"spread_tokens", "preemption_risk"})
+        assert new.spread_tokens <= old.spread_tokens * (1 + 1e-9)
+        narrower += new.spread_tokens < old.spread_tokens * 0.99
     assert narrower >= len(cases) // 2 > 0
