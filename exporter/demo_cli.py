@@ -317,18 +317,25 @@ def summary(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def _seconds(value: float) -> str:
-    return "never" if math.isinf(value) else f"{value:,.0f} s"
+def exhaustion_text(seconds: float) -> str:
+    """When the risk's own forecast crosses the cache's size. +Inf is no time at all but
+    "the forecast never gets there": said in words, never as "in inf s"."""
+    return (
+        "exhaustion: not on this trend"
+        if math.isinf(seconds)
+        else f"exhaustion in {seconds:,.0f} s"
+    )
 
 
 def risk_line(v: EngineView) -> str:
-    """The headline: how likely vLLM preempts soon, and when the cache would run out."""
+    """The headline: how likely vLLM preempts soon, the forecast the score rests on, and
+    when that forecast would run the cache out — one forecast, so the three agree."""
     r = v.risk
     if r is None:
         return "risk       – (no opinion yet: the model needs a few polls of history)"
     return (
-        f"risk       {r.preemption_risk:4.2f}   exhaustion in {_seconds(r.seconds_to_exhaustion)}"
-        f"   overcommit {r.overcommit_ratio:.2f}×"
+        f"risk       {r.preemption_risk:4.2f}   forecast {r.forecast_usage:.2f} of the cache   "
+        f"{exhaustion_text(r.seconds_to_exhaustion)}   overcommit {r.overcommit_ratio:.2f}×"
     )
 
 
@@ -365,15 +372,20 @@ def plain_line(snap: Snapshot, sim: Simulation, elapsed: float) -> str:
         return f"t={elapsed:.0f}s waiting for the first poll"
     v = snap.engines[0]
     usage = (v.kv_usage or 0.0) * 100
-    risk = "–" if v.risk is None else f"{v.risk.preemption_risk:.2f}"
-    exhaustion = "–" if v.risk is None else _seconds(v.risk.seconds_to_exhaustion).replace(" ", "")
+    risk = forecast = exhaustion = "–"
+    if v.risk is not None:
+        risk, forecast = f"{v.risk.preemption_risk:.2f}", f"{v.risk.forecast_usage:.2f}"
+        # One word per field, so the line still splits on spaces.
+        tte = v.risk.seconds_to_exhaustion
+        exhaustion = "not-on-this-trend" if math.isinf(tte) else f"{tte:,.0f}s"
     what, why = bottleneck(v)
     ratio = v.load_headroom_ratio
     held = "–" if ratio is None else f"{ratio:.2f}"
     # The evidence is prose: quoted and last, so the line still splits on spaces before it.
     because = f" why={json.dumps(why, ensure_ascii=False)}" if why else ""
     return (
-        f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} exhaustion={exhaustion} "
+        f"t={elapsed:.0f}s sim={sim.now:.0f}s risk={risk} forecast={forecast} "
+        f"exhaustion={exhaustion} "
         f"load_headroom={held} binds={v.load_headroom_resource or '–'} "
         f"limit={what or '–'} usage={usage:.1f}% running={_fmt(v.running)} "
         f"waiting={_fmt(v.waiting)} free_p95={_fmt(v.free_sequences.get('p95'))} "

@@ -18,6 +18,7 @@ from html import escape
 
 from exporter import __version__
 from exporter.config import Config
+from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD, HORIZON
 from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
 from exporter.trail import Trail, TrailPoint
@@ -77,14 +78,25 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         risk_why = (
             f"a ranking score 0–1, not a probability; the warning alert starts at {HIGH_RISK:g}"
         )
-    exhaustion = "–"
-    exhaustion_why = ""
+    exhaustion = forecast = "–"
+    exhaustion_why = forecast_why = ""
     if r is not None and not v.stale:
+        # The time comes from the forecast the score rests on, so the two never disagree;
+        # +Inf is that forecast never reaching the top, said in words.
         if math.isinf(r.seconds_to_exhaustion):
-            exhaustion, exhaustion_why = "never", "usage is not heading for the cache's size"
+            exhaustion = "not on this trend"
+            exhaustion_why = "the forecast the risk rests on never reaches the cache's size"
         else:
-            exhaustion = f"{r.seconds_to_exhaustion:,.0f} s"
-            exhaustion_why = "when the cache fills at the current trend, then vLLM preempts"
+            exhaustion = f"in {r.seconds_to_exhaustion:,.0f} s"
+            exhaustion_why = (
+                "when the forecast the risk rests on crosses the cache's size, then vLLM preempts"
+            )
+        forecast = f"{r.forecast_usage:.2f} of the cache"
+        forecast_why = (
+            f"the KV level the risk forecasts {HORIZON / 60:g} minutes ahead ÷ the cache; above "
+            f"{EDGE_THRESHOLD:g} for {EDGE_FOR_SECONDS / 60:g} min the running-at-the-edge "
+            "ticket opens"
+        )
     p50, p95 = v.contexts.get("p50"), v.contexts.get("p95")
     free50, free95 = v.free_sequences.get("p50"), v.free_sequences.get("p95")
     headroom = f"{_n(free50)} at p50 · {_n(free95)} at p95"
@@ -120,6 +132,7 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         )
     rows = [
         ("preemption risk", risk_text, risk_why),
+        ("forecast", forecast, forecast_why),
         ("load headroom", held, held_why),
         ("time to exhaustion", exhaustion, exhaustion_why),
         ("headroom", headroom, headroom_why),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import os
 import re
 import socket
@@ -16,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import main
-from exporter.demo_cli import HeldLines, demo
+from exporter.demo_cli import HeldLines, demo, plain_line, risk_line, summary
 from exporter.simulator.simulation import Simulation, load_scenario
 from tests.sidecar.conftest import unused_port
+from tests.test_status_page import demo_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,7 +48,10 @@ def test_demo_plain_lines_lead_with_the_risk_and_what_limits_the_engine() -> Non
     proc = run_demo(sys.executable, 6, ROOT)
     lines = [line for line in proc.stdout.splitlines() if "usage=" in line]
     assert lines
-    lead = r"t=\d+s sim=\d+s risk=\S+ exhaustion=\S+ load_headroom=\S+ binds=\S+ limit=\S+ "
+    lead = (
+        r"t=\d+s sim=\d+s risk=\S+ forecast=\S+ exhaustion=\S+ load_headroom=\S+ binds=\S+ "
+        r"limit=\S+ "
+    )
     assert all(re.match(lead, x) for x in lines)
     assert any(re.search(r' why="[^"]+"$', x) for x in lines)  # the bottleneck's evidence
 
@@ -159,3 +164,59 @@ def test_log_lines_held_behind_the_live_screen_keep_the_latest() -> None:
     lines = held.text().splitlines()
     assert len(lines) == HeldLines.MAX_HELD
     assert lines[-1] == f"event {HeldLines.MAX_HELD + 4}"
+
+
+async def test_the_risk_line_shows_the_forecast_usage_the_risk_rests_on() -> None:
+    async with demo_stack() as stack:
+        v = (await stack.run(58)).engines[0]
+        assert v.risk is not None
+        assert f"   forecast {v.risk.forecast_usage:.2f} of the cache   " in risk_line(v)
+
+
+async def test_the_risk_line_says_not_on_this_trend_when_the_forecast_never_reaches_the_top() -> (
+    None
+):
+    # A minute in there is no trend yet (it waits for two minutes of history) and the
+    # forecast level stays below the cache: +Inf, said in words.
+    async with demo_stack() as stack:
+        v = (await stack.run(58)).engines[0]
+        assert v.risk is not None
+        assert math.isinf(v.risk.seconds_to_exhaustion)
+        line = risk_line(v)
+        assert "   exhaustion: not on this trend   " in line
+        assert "inf" not in line
+
+
+async def test_the_risk_line_gives_the_seconds_when_the_forecast_crosses_the_top() -> None:
+    # Two minutes in, the ramp's trend carries the forecast over the cache.
+    async with demo_stack() as stack:
+        v = (await stack.run(128)).engines[0]
+        assert v.risk is not None
+        assert v.risk.forecast_usage > 1
+        assert f"   exhaustion in {v.risk.seconds_to_exhaustion:,.0f} s   " in risk_line(v)
+
+
+async def test_the_plain_line_says_not_on_this_trend_in_one_word() -> None:
+    async with demo_stack() as stack:
+        snap = await stack.run(58)
+        risk = snap.engines[0].risk
+        assert risk is not None
+        assert math.isinf(risk.seconds_to_exhaustion)
+        line = plain_line(snap, stack.sim, 58.0)
+        assert f" forecast={risk.forecast_usage:.2f} exhaustion=not-on-this-trend " in line
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/demo.md"])
+async def test_the_documented_demo_screen_is_what_the_demo_shows_at_that_time(doc: str) -> None:
+    # The screen quoted in the docs must be a state the model produces, not an old one:
+    # the docs once showed "exhaustion in 25 s" where the model says "not on this trend".
+    text = (ROOT / doc).read_text()
+    quoted = re.search(r"\n(t = +(\d+) s +simulated[^\n]*\n(?:[^\n`…]+\n)+)", text)
+    assert quoted, f"{doc} quotes no demo screen"
+    seconds = int(quoted.group(2))
+    async with demo_stack() as stack:
+        snap = await stack.run(seconds)
+        shown = summary(snap, stack.sim, seconds).splitlines()
+    lines = quoted.group(1).splitlines()
+    assert lines[1].startswith("risk ")  # the headline is among what is compared
+    assert lines == shown[: len(lines)]

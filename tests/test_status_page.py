@@ -8,6 +8,8 @@ poller on a clock the test moves, so a few simulated minutes take a second or tw
 from __future__ import annotations
 
 import base64
+import contextlib
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -49,31 +51,39 @@ class Stack:
         return status_page(self.poller.snapshot, self.config, trail_of(self.poller))
 
 
-@pytest.fixture(name="demo")
-async def _demo() -> AsyncIterator[Callable[[str], Awaitable[Stack]]]:
-    cleanups: list[Callable[[], Awaitable[None]]] = []
-
-    async def make(scenario: str = "demo") -> Stack:
-        sim = Simulation(load_scenario(scenario), start_time=START)
-        # The simulation is moved by the test, not by the server's wall-clock task.
-        server = TestServer(simulator_app(sim, clock=lambda: 0.0), host="127.0.0.1")
-        await server.start_server()
-        url = str(server.make_url("")).rstrip("/")
-        config = sidecar_config(sim, url, "127.0.0.1", 0, 2.0)
-        stack = Stack(sim, None, config)  # type: ignore[arg-type]
-        deps = sidecar_deps(sim, clock=lambda: stack.now)
-        session = aiohttp.ClientSession()
+@contextlib.asynccontextmanager
+async def demo_stack(scenario: str = "demo") -> AsyncIterator[Stack]:
+    """The demo's simulated vLLM and the sidecar's poller against it, on a clock the
+    caller moves (the demo screen's tests use it too)."""
+    sim = Simulation(load_scenario(scenario), start_time=START)
+    # The simulation is moved by the test, not by the server's wall-clock task.
+    server = TestServer(simulator_app(sim, clock=lambda: 0.0), host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    config = sidecar_config(sim, url, "127.0.0.1", 0, 2.0)
+    stack = Stack(sim, None, config)  # type: ignore[arg-type]
+    deps = sidecar_deps(sim, clock=lambda: stack.now)
+    async with aiohttp.ClientSession() as session:
         client = VllmClient(session, url, timeout_seconds=1.0, max_bytes=config.vllm_max_page_bytes)
         stack.poller = Poller(config, client, deps)
-        cleanups.extend([server.close, session.close, stack.poller.close])
-        return stack
+        try:
+            yield stack
+        finally:
+            await stack.poller.close()
+            await server.close()
 
-    yield make
-    for cleanup in reversed(cleanups):
-        await cleanup()
+
+@pytest.fixture(name="demo")
+async def _demo() -> AsyncIterator[Callable[[str], Awaitable[Stack]]]:
+    async with contextlib.AsyncExitStack() as stacks:
+
+        async def make(scenario: str = "demo") -> Stack:
+            return await stacks.enter_async_context(demo_stack(scenario))
+
+        yield make
 
 
-async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preemption(
+async def test_the_page_leads_with_risk_forecast_exhaustion_headroom_limit_and_last_preemption(
     demo: Callable[[str], Awaitable[Stack]],
 ) -> None:
     stack = await demo("demo")
@@ -81,6 +91,7 @@ async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preem
     html = stack.page()
     order = [
         "preemption risk</th>",
+        "<th>forecast</th>",
         "<th>load headroom</th>",
         "<th>time to exhaustion</th>",
         "<th>headroom</th>",
@@ -92,6 +103,47 @@ async def test_the_page_leads_with_risk_exhaustion_headroom_limit_and_last_preem
     positions = [html.index(label) for label in order]
     assert positions == sorted(positions)
     assert re.search(r"<td class=big>\d\.\d\d</td>", html)  # the score itself, up front
+
+
+def _cell(html: str, row: str) -> str:
+    m = re.search(rf"<th>{row}</th><td>([^<]*)</td>", html)
+    assert m, f"no {row} row"
+    return m.group(1)
+
+
+async def test_the_forecast_usage_the_risk_rests_on_is_shown_beside_it(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(240)
+    risk = snap.engines[0].risk
+    assert risk is not None
+    assert _cell(stack.page(), "forecast") == f"{risk.forecast_usage:.2f} of the cache"
+
+
+async def test_a_forecast_that_never_reaches_the_top_reads_not_on_this_trend(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    # A minute in, with no trend yet (it waits for two minutes of history), the forecast
+    # level stays well below the cache: the sidecar exports +Inf.
+    stack = await demo("demo")
+    snap = await stack.run(58)
+    risk = snap.engines[0].risk
+    assert risk is not None
+    assert math.isinf(risk.seconds_to_exhaustion)
+    assert _cell(stack.page(), "time to exhaustion") == "not on this trend"
+
+
+async def test_a_forecast_that_crosses_the_top_gives_the_seconds_until_it_does(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    # Two minutes in, the ramp's trend carries the forecast over the cache.
+    stack = await demo("demo")
+    snap = await stack.run(128)
+    risk = snap.engines[0].risk
+    assert risk is not None
+    assert risk.forecast_usage > 1
+    assert _cell(stack.page(), "time to exhaustion") == f"in {risk.seconds_to_exhaustion:,.0f} s"
 
 
 async def test_the_load_headroom_says_how_much_traffic_fits_and_what_gives_out_first(
