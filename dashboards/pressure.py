@@ -1,5 +1,5 @@
 """kv-cache-pressure.json: Pressure now and soon: usage, free tokens, time to exhaustion,
-preemption risk, waiting and preemptions."""
+preemption risk and the forecast it rests on, waiting and preemptions."""
 
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ from dashboards.lib.queries import (
     vllm_rate,
     with_model,
 )
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    EDGE_FOR_SECONDS,
+    EDGE_THRESHOLD,
+    HORIZON,
+)
 
 # One hour: far enough ahead to act on, and a finite stand-in for the sidecar's +Inf.
 EXHAUSTION_CLAMP_SECONDS = 3600
@@ -40,11 +46,11 @@ def pressure() -> dashboard_m.Dashboard:
         f"max(max by (job, instance) ({sel('kv_headroom_preemption_risk')}) "
         f"* on (job, instance) group_left () {INFO})"
     )
-    not_growing = dashboard_m.RangeMap(
+    not_on_trend = dashboard_m.RangeMap(
         options=dashboard_m.DashboardRangeMapOptions(
             from_val=EXHAUSTION_CLAMP_SECONDS,
             to=EXHAUSTION_CLAMP_SECONDS,
-            result=dashboard_m.ValueMappingResult(text="> 1 h / not growing", color="green"),
+            result=dashboard_m.ValueMappingResult(text="> 1 h / not on this trend", color="green"),
         )
     )
     risk_steps = ((None, "green"), (ALERT_THRESHOLD, "red"))
@@ -74,13 +80,14 @@ def pressure() -> dashboard_m.Dashboard:
         .with_panel(
             stat(
                 "Shortest time to exhaustion",
-                "The soonest any selected pod runs out of free KV tokens at its last "
-                "minute's growth. Shown as '> 1 h / not growing' when usage is flat or "
-                "falling (the sidecar exports +Inf, clamped here to one hour).",
+                "The soonest any selected pod's forecast KV level (the one its risk score "
+                "rests on) crosses the capacity. Shown as '> 1 h / not on this trend' when "
+                "the forecast never reaches the top (the sidecar exports +Inf, clamped here "
+                "to one hour).",
                 "s",
                 [Q(worst_exhaustion, "soonest")],
                 thresholds=exhaustion_steps,
-                mappings=(not_growing,),
+                mappings=(not_on_trend,),
             )
         )
         .with_panel(
@@ -128,6 +135,7 @@ def pressure() -> dashboard_m.Dashboard:
                 f"--max-num-seqs, or add KV memory.",
                 "short",
                 [Q(ours("max", "kv_headroom_preemption_risk"))],
+                span=8,
                 max_val=1,
                 thresholds=risk_steps,
                 threshold_style=common_m.GraphThresholdsStyleMode.LINE,
@@ -135,13 +143,32 @@ def pressure() -> dashboard_m.Dashboard:
         )
         .with_panel(
             timeseries(
+                "Forecast KV usage",
+                f"The KV level the risk forecasts {HORIZON / 60:g} minutes ahead ÷ the "
+                f"capacity: what the risk score and the time to exhaustion rest on. Above 1 "
+                f"it overflows and the risk pages. Above {EDGE_THRESHOLD:g} (the line) for "
+                f"{EDGE_FOR_SECONDS / 60:g} minutes without overflowing, the "
+                f"VllmKvCacheRunningAtEdge ticket opens: the server runs near full — add KV "
+                f"memory or a replica within a working day.",
+                "percentunit",
+                [Q(ours("max", "kv_headroom_forecast_usage_ratio"))],
+                span=8,
+                thresholds=((None, "green"), (EDGE_THRESHOLD, "orange")),
+                threshold_style=common_m.GraphThresholdsStyleMode.LINE,
+            )
+        )
+        .with_panel(
+            timeseries(
                 "Time to KV exhaustion",
-                "Free KV tokens ÷ the growth of used tokens over the last minute. The "
-                "sidecar exports +Inf while usage is not growing; here that is clamped to "
-                "one hour, so the top of the axis means 'not in sight'. Minutes or less "
-                "means the cache fills before the running requests finish.",
+                "When the forecast KV level the risk rests on crosses the capacity: from the "
+                "occupancy now to the level three minutes ahead, then along the trend. The "
+                "sidecar exports +Inf when that forecast never reaches the top (not on this "
+                "trend); here that is clamped to one hour, so the top of the axis means 'not "
+                "in sight'. Minutes or less means the cache fills before the running "
+                "requests finish.",
                 "s",
                 [Q(exhaustion)],
+                span=8,
                 max_val=EXHAUSTION_CLAMP_SECONDS,
                 thresholds=exhaustion_steps,
                 threshold_style=common_m.GraphThresholdsStyleMode.DASHED,

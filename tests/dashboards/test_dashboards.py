@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from dashboards import generate
-from exporter.risk.model import ALERT_THRESHOLD
+from exporter.risk.model import ALERT_THRESHOLD, EDGE_THRESHOLD
 from tests.promql import metric_names
 
 Boards = dict[str, dict[str, Any]]
@@ -146,11 +146,30 @@ def test_seconds_to_exhaustion_is_always_clamped() -> None:
             assert expr.startswith(("clamp_max(", "min(clamp_max(")), title
 
 
-def test_the_not_growing_clamp_is_shown_as_text(boards: Boards) -> None:
+def test_the_not_on_this_trend_clamp_is_shown_as_text(boards: Boards) -> None:
     p = panel(boards, "Shortest time to exhaustion")
     (mapping,) = p["fieldConfig"]["defaults"]["mappings"]
     assert mapping["options"]["from"] == generate.EXHAUSTION_CLAMP_SECONDS
-    assert "not growing" in mapping["options"]["result"]["text"]
+    assert "not on this trend" in mapping["options"]["result"]["text"]
+
+
+def test_the_forecast_usage_panel_draws_the_edge_threshold_as_a_line(boards: Boards) -> None:
+    p = panel(boards, "Forecast KV usage")
+    steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, EDGE_THRESHOLD]
+    assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
+    assert "kv_headroom_forecast_usage_ratio" in p["targets"][0]["expr"]
+
+
+def test_the_forecast_usage_panel_is_not_capped_at_a_full_cache(boards: Boards) -> None:
+    # A forecast above 1 is the overflow the page is for: the axis must show it.
+    assert "max" not in panel(boards, "Forecast KV usage")["fieldConfig"]["defaults"]
+
+
+def test_the_forecast_usage_sits_next_to_the_risk(boards: Boards) -> None:
+    (board,) = [b for b in boards.values() if b["title"] == "KV cache pressure"]
+    titles = [p["title"] for p in content_panels(board)]
+    assert titles.index("Forecast KV usage") == titles.index("Preemption risk") + 1
 
 
 def test_context_heatmaps_read_vllm_histograms_by_bucket(boards: Boards) -> None:

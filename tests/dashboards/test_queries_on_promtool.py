@@ -137,6 +137,21 @@ def test_time_to_exhaustion_clamps_infinity_to_an_hour(tmp_path: Path) -> None:
     )
 
 
+def test_forecast_usage_takes_the_worst_engine_and_shows_an_overflow_above_1(
+    tmp_path: Path,
+) -> None:
+    evaluate(
+        tmp_path,
+        {
+            f'kv_headroom_forecast_usage_ratio{{{STATIC}, engine="0"}}': "0.4x10",
+            f'kv_headroom_forecast_usage_ratio{{{STATIC}, engine="1"}}': "1.25x10",
+            info(STATIC, "llama"): "1x10",
+        },
+        query("Forecast KV usage"),
+        [{"labels": f'{{{STATIC}, model="llama", target="10.0.0.1:9847"}}', "value": 1.25}],
+    )
+
+
 def test_vllm_served_from_a_path_matches_the_model_directory_name(tmp_path: Path) -> None:
     vllm_target = 'job="vllm", instance="10.0.0.1:8000"'
     evaluate(
