@@ -73,6 +73,15 @@ def _placement_key(d: family.Draw) -> str:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One replayed hour: what the simulator knew, and every ``Inputs`` the sidecar handed
+    the risk model, so that a changed model is scored in seconds without replaying."""
+
+    replay: Replay
+    inputs: tuple[Inputs, ...]
+
+
+@dataclass(frozen=True)
 class FuzzRun:
     seed: int
     kind: str
@@ -81,6 +90,7 @@ class FuzzRun:
     multiple: float | None
     replay: Replay | None  # None: dropped (no bracket within the simulator's budget)
     wall_seconds: float
+    recorded: Recorded | None = None  # as replayed, with the model of the time
 
 
 def _placement(seed: int, use_cache: bool) -> tuple[family.Draw, dict[str, Any]]:
@@ -119,15 +129,6 @@ def _sidecar_key() -> str:
     for name in names:
         h.update((ROOT / name).read_bytes())
     return h.hexdigest()[:12]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One replayed hour: what the simulator knew, and every ``Inputs`` the sidecar handed
-    the risk model, so that a changed model is scored in seconds without replaying."""
-
-    replay: Replay
-    inputs: tuple[Inputs, ...]
 
 
 def _record(scenario: Any, interval: float) -> Recorded:
@@ -176,7 +177,7 @@ def run_one(args: tuple[int, float, bool]) -> FuzzRun:
     configure("error", "json", sys.stderr)
     started = time.perf_counter()
     d, record = _placement(seed, use_cache)
-    rep = None
+    rep = rec = None
     if record["multiple"] is not None:
         path = CACHE / "runs" / f"{seed}-{_placement_key(d)}-{_sidecar_key()}-{interval:g}.pkl.gz"
         if use_cache and path.is_file():
@@ -191,7 +192,7 @@ def run_one(args: tuple[int, float, bool]) -> FuzzRun:
         rep = rescored(rec)
     return FuzzRun(
         seed, d.kind, d.describe(), record["held"], record["multiple"], rep,
-        time.perf_counter() - started,
+        time.perf_counter() - started, rec,
     )  # fmt: skip
 
 

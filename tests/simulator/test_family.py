@@ -8,7 +8,7 @@ from collections import Counter
 
 from exporter.simulator import family
 from exporter.simulator.family import HOUR, Tenant, draw, place, shape_at
-from exporter.traffic import replay
+from exporter.traffic import Traffic, replay
 
 
 def test_a_seed_draws_the_same_hour_every_time() -> None:
@@ -53,9 +53,7 @@ def test_each_arrival_process_keeps_the_rate_it_is_given() -> None:
         _tenant("mmpp", ratio=30.0, burst_share=0.1, burst_seconds=60.0),
         _tenant("hawkes", branching=0.7, decay=10.0),
     ):
-        counts = [
-            len(family._times(random.Random(k), tenant, 2.0, "flat", {})) for k in range(40)
-        ]
+        counts = [len(family._times(random.Random(k), tenant, 2.0, "flat", {})) for k in range(40)]
         assert abs(statistics.fmean(counts) / 7200 - 1) < 0.2, (tenant.process, counts)
 
 
@@ -82,18 +80,22 @@ def test_a_placed_hour_runs_at_its_fraction_of_the_largest_multiple_held() -> No
     d = draw(3)  # a light hour of long prompts: few requests, a quick search
     placed = place(d)
     limit = placed.limit
-    assert limit.held is not None and limit.failed is not None
+    assert limit.held is not None
+    assert limit.failed is not None
     assert limit.failed / limit.held - 1 <= family.PRECISION
     assert placed.multiple is not None
     assert placed.multiple == limit.held * d.fraction
     held = limit.at(limit.held)
     failed = limit.at(limit.failed)
-    assert held is not None and held.held and not held.preemptions
-    assert failed is not None and failed.preemptions > 0
+    assert held is not None
+    assert held.held
+    assert not held.preemptions
+    assert failed is not None
+    assert failed.preemptions > 0
     scenario = placed.scenario()
     assert scenario.tags[0] == d.kind
     # The scenario replays exactly the coupled sample the search scaled.
-    traffic = family.Traffic.of(d.name, d.arrivals, d.seed)
+    traffic = Traffic.of(d.name, d.arrivals, d.seed)
     assert list(scenario.requests) == traffic.at(placed.multiple)
     outcome = replay(traffic, family.engine_for(d), placed.multiple, max_queue_wait=float("inf"))
     assert outcome.preemptions == 0

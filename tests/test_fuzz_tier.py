@@ -1,0 +1,78 @@
+"""A slice of the alert benchmark's fuzz tier, as CI runs it: two drawn hours (a light one
+and an abrupt overload whose placement searches are quick), placed, replayed with the
+sidecar's own poll pipeline, recorded and scored. The whole tier is a documented command
+(docs/risk-model.md), too long for CI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks import fuzz
+from exporter.simulator import family
+
+SLICE = (3, 11)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[fuzz.FuzzRun]]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fuzz, "CACHE", tmp_path_factory.mktemp("fuzz-cache"))
+        yield fuzz.run_fuzz(list(SLICE), 2.0, jobs=1, use_cache=True)
+
+
+def test_the_slice_runs_every_hour_it_draws(runs: list[fuzz.FuzzRun]) -> None:
+    assert [r.seed for r in runs] == list(SLICE)
+    assert all(r.replay is not None and r.multiple is not None for r in runs)
+    assert [r.kind for r in runs] == [family.draw(s).kind for s in SLICE]
+
+
+def test_an_abrupt_overload_preempts_and_is_scored_as_one(runs: list[fuzz.FuzzRun]) -> None:
+    kinds = fuzz.score(runs)["kinds"]
+    assert kinds["abrupt-overload"]["overload_runs"] == 1
+    assert kinds["abrupt-overload"]["recall"] is not None
+    assert kinds["safe-light"]["safe_runs"] == 1
+
+
+def test_a_recorded_hour_rescored_by_the_same_model_gives_the_risk_it_had(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    # The record is exact: re-scored by the model that ran, every poll's figures come back,
+    # so a model change scored from records is scored as if the hours were replayed.
+    for run in runs:
+        assert run.recorded is not None
+        assert run.replay is not None
+        live = run.recorded.replay.ticks
+        assert len(run.recorded.inputs) >= len(live) - 1
+        assert [(t.t, t.preemption_risk, t.seconds_to_exhaustion) for t in run.replay.ticks] == [
+            (t.t, t.preemption_risk, t.seconds_to_exhaustion) for t in live
+        ]
+
+
+def test_the_reliability_table_counts_every_poll_before_the_first_preemption(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    polls = sum(row["polls"] for row in fuzz.score(runs)["reliability"])
+    expected = 0
+    for r in runs:
+        assert r.replay is not None
+        first = r.replay.first_preemption_at
+        expected += sum(1 for t in r.replay.ticks if first is None or t.t < first)
+    assert polls == expected
+
+
+def test_a_second_run_reads_its_hours_from_the_cache_and_scores_them_alike(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    assert len(list(fuzz.CACHE.glob("v*/*.json"))) == len(SLICE)  # the placements
+    assert len(list(fuzz.CACHE.glob("runs/*.pkl.gz"))) == len(SLICE)  # the replayed hours
+    again = fuzz.run_fuzz(list(SLICE), 2.0, jobs=1, use_cache=True)
+
+    def scored(rs: list[fuzz.FuzzRun]) -> str:
+        result = fuzz.score(rs)
+        per_run = [r.get("result") for r in result["runs"]]
+        return json.dumps([result["kinds"], result["reliability"], per_run], default=fuzz._json)
+
+    assert scored(again) == scored(runs)
