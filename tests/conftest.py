@@ -18,3 +18,16 @@ def fixture_config(name: str) -> dict[str, Any]:
 @pytest.fixture(name="fixtures")
 def _fixtures() -> Path:
     return FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _no_hugging_face_hub(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Nothing in the suite reaches huggingface.co: a model id the catalogue lacks resolves
+    offline against an empty cache, unless a test points HF_ENDPOINT at the stand-in Hub
+    (tests/hub_standin.py). Subprocesses inherit the same environment."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+    for name in ("HF_HUB_CACHE", "HF_ASSETS_CACHE", "HF_ENDPOINT", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)

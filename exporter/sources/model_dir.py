@@ -1,6 +1,7 @@
-"""Find and read a model: a ``config.json``, a model dir, a Hugging Face cache entry, or a
-catalogue name; and the checkpoint's size from its weight files. ``ModelDirSource`` is the
-sidecar's ``model`` source: where the running vLLM's model is, read once per location.
+"""Find and read a model: a ``config.json``, a model dir, a Hugging Face cache entry, a
+catalogue name, or a Hugging Face Hub id (``exporter.hub``); and the checkpoint's size from
+its weight files. ``ModelDirSource`` is the sidecar's ``model`` source: where the running
+vLLM's model is, read once per location.
 
 The Hugging Face cache keeps ``models--ORG--NAME/snapshots/REV/`` with ``refs/main``
 naming the current revision; the files there are links into ``blobs/``, so sizes are read
@@ -25,6 +26,7 @@ from exporter.capacity.catalogue import (
 )
 from exporter.deployment import Resolved
 from exporter.errors import InputError
+from exporter.hub import load_from_hub, looks_like_repo_id
 from exporter.log import get_logger
 from exporter.sources.base import Jobs, Outcome, Readings, Stage
 
@@ -125,8 +127,9 @@ def model_name(config_path: Path) -> str:
     return config_path.parent.resolve().name
 
 
-def load_model(spec: str) -> ModelSource:
-    """``--model``: a path to ``config.json`` or a model dir, else a catalogue name."""
+def load_model(spec: str, env: Mapping[str, str] | None = None) -> ModelSource:
+    """``--model``: a path to ``config.json`` or a model dir, else a catalogue name, else a
+    Hugging Face Hub id (``env``: the ``HF_*`` variables; the process's own by default)."""
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file():
@@ -146,10 +149,22 @@ def load_model(spec: str) -> ModelSource:
         weights, source = checkpoint_bytes(model_dir)
         return ModelSource(model_name(config_path), config, str(config_path), weights, source)
     catalogue = load_catalogue()
+    # The catalogue first: it plans with no network and no cache, as the tests and an
+    # air-gapped laptop need; the Hub only for what it does not hold.
     found = find_model(catalogue, spec)
     if found is None:
         close = close_models(catalogue, spec)
         guess = f"did you mean {' or '.join(close)}? " if close else ""
+        if looks_like_repo_id(spec.strip()):
+            hub = load_from_hub(spec.strip(), env, did_you_mean=guess)
+            return ModelSource(
+                hub.repo_id,
+                hub.config,
+                hub.config_path,
+                hub.weights_bytes,
+                hub.weights_source,
+                hub.notes,
+            )
         # The model people plan is often a fine-tune or a repack the catalogue cannot
         # hold: its downloaded config.json is all plan needs, so say that first.
         raise InputError(
