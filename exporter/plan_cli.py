@@ -48,7 +48,7 @@ from exporter.plan_advice import (
 )
 from exporter.simulator.requestlog import ROLES
 from exporter.simulator.scenario import parse_duration
-from exporter.sources.model_dir import load_catalogue, load_model
+from exporter.sources.model_dir import load_catalogue, load_model, load_restored
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
@@ -386,6 +386,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         print(f"kv-headroom plan: {choice.note}", file=sys.stderr)
     tp, pp = parallelism(args, choice)
     source = load_model(args.model)
+    if source.resolution:
+        # Said before any output, as the GPU's note is: the header names the name asked for.
+        print(f"kv-headroom plan: {source.resolution}", file=sys.stderr)
     arch = parse_config(source.config, source.config_path, dtype=args.dtype, name=source.name)
     weights, weights_source = args.weights_bytes, "flag (--weights-bytes)"
     if weights is None and source.weights_bytes is not None:
@@ -420,6 +423,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list_models:
         for model in load_catalogue():
             print(f"{model.name:<48} {describe(model)}")
+        for model in load_restored():  # names an earlier catalogue listed
+            also = f"= {model.resolves_to}" if model.resolves_to else describe(model)
+            print(f"{model.name:<48} {also}")
         return EXIT_OK
     if args.list_gpus:
         for gpu in GPU_CATALOGUE:

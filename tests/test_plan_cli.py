@@ -319,7 +319,7 @@ def test_help_shows_defaults_and_marks_the_model_as_required(
 def test_a_model_not_found_suggests_close_names_and_a_downloaded_config(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, _, err = run_plan(capsys, "--model", "google/gemma-2-27b")
+    code, _, err = run_plan(capsys, "--model", "google/gemma-2-27b-instruct")
     assert code == 2
     assert "did you mean google/gemma-2-27b-it or " in err
     assert "--model PATH (its dir or config.json)" in err

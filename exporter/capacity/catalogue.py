@@ -27,6 +27,7 @@ class CatalogueModel:
     checkpoint_bytes: int | None = None  # a published safetensors index total_size
     checkpoint_source: str = ""
     hf_quant_config: Mapping[str, Any] | None = None  # a verbatim hf_quant_config.json
+    resolves_to: str = ""  # a restored name planned with this catalogue model's config
 
     @property
     def serving_config(self) -> dict[str, Any]:
@@ -55,6 +56,40 @@ def parse_catalogue(doc: Mapping[str, Any]) -> tuple[CatalogueModel, ...]:
                 size,
                 entry.get("checkpoint_source", ""),
                 hf_quant,
+            )
+        )
+    return tuple(out)
+
+
+def parse_restored(
+    doc: Mapping[str, Any], catalogue: tuple[CatalogueModel, ...]
+) -> tuple[CatalogueModel, ...]:
+    """Names an earlier catalogue listed: a sibling's entry under the old name (``of``, which
+    ``resolves_to`` keeps), or an entry of their own."""
+    restored = doc.get("restored", {})
+    if not isinstance(restored, Mapping):
+        raise InputError("catalogue", "restored", type(restored).__name__, "must be an object")
+    by_name = {m.name: m for m in catalogue}
+    out = []
+    for name, entry in restored.items():
+        notes = tuple(entry.get("notes", ()))
+        target = entry.get("of")
+        if target is None:
+            out.append(CatalogueModel(name, entry["config"], entry.get("source", ""), notes))
+            continue
+        if target not in by_name:
+            raise InputError("catalogue", f"restored.{name}.of", target, "is not in the catalogue")
+        sibling = by_name[target]
+        out.append(
+            CatalogueModel(
+                name,
+                sibling.config,
+                sibling.source,
+                notes,
+                sibling.checkpoint_bytes,
+                sibling.checkpoint_source,
+                sibling.hf_quant_config,
+                resolves_to=target,
             )
         )
     return tuple(out)

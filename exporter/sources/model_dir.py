@@ -23,6 +23,7 @@ from exporter.capacity.catalogue import (
     close_models,
     find_model,
     parse_catalogue,
+    parse_restored,
 )
 from exporter.deployment import Resolved
 from exporter.errors import InputError
@@ -46,12 +47,23 @@ class ModelSource:
     weights_bytes: int | None
     weights_source: str
     notes: tuple[str, ...] = ()
+    resolution: str = ""  # which config a name resolves to, where it is another name's
+
+
+def _catalogue_doc() -> Any:
+    text = resources.files("exporter.capacity").joinpath("data/models.json").read_text("utf-8")
+    return json.loads(text)
 
 
 def load_catalogue() -> tuple[CatalogueModel, ...]:
-    text = resources.files("exporter.capacity").joinpath("data/models.json").read_text("utf-8")
-    doc = json.loads(text)
-    return parse_catalogue(doc)
+    return parse_catalogue(_catalogue_doc())
+
+
+def load_restored() -> tuple[CatalogueModel, ...]:
+    """Names an earlier catalogue listed, each planned again (``resolves_to`` a sibling's
+    config, or its own)."""
+    doc = _catalogue_doc()
+    return parse_restored(doc, parse_catalogue(doc))
 
 
 def read_json(path: Path) -> Any:
@@ -151,7 +163,7 @@ def load_model(spec: str, env: Mapping[str, str] | None = None) -> ModelSource:
     catalogue = load_catalogue()
     # The catalogue first: it plans with no network and no cache, as the tests and an
     # air-gapped laptop need; the Hub only for what it does not hold.
-    found = find_model(catalogue, spec)
+    found = find_model(catalogue, spec) or find_model(load_restored(), spec)
     if found is None:
         close = close_models(catalogue, spec)
         guess = f"did you mean {' or '.join(close)}? " if close else ""
@@ -182,6 +194,11 @@ def load_model(spec: str, env: Mapping[str, str] | None = None) -> ModelSource:
         found.checkpoint_bytes,
         f"published checkpoint ({found.checkpoint_source})" if found.checkpoint_bytes else "",
         found.notes,
+        resolution=(
+            f"{found.name} plans with {found.resolves_to}'s config.json: {found.notes[0]}"
+            if found.resolves_to
+            else ""
+        ),
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.capacity.catalogue import close_models, describe
 from exporter.cli import main
-from exporter.sources.model_dir import load_catalogue
+from exporter.sources.model_dir import load_catalogue, load_restored
 from tests.conftest import FIXTURES
 
 MODELS = FIXTURES / "models"
@@ -100,7 +100,7 @@ def test_published_checkpoint_size_is_used_for_the_weights(
 def test_list_models_says_what_each_entry_holds(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--list-models"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == len(NAMES)
+    assert [line.split()[0] for line in lines] == NAMES + [m.name for m in load_restored()]
     gemma = next(line for line in lines if line.startswith("google/gemma-2-9b-it "))
     assert "hybrid_sliding" in gemma
     assert "checkpoint 17.2 GiB (published)" in gemma
@@ -135,3 +135,13 @@ def test_a_name_not_in_the_catalogue_finds_the_closest_first(typed: str, meant: 
 
 def test_a_name_like_none_in_the_catalogue_finds_nothing() -> None:
     assert close_models(CATALOGUE, "zzzz") == []
+
+
+def test_list_models_says_which_entry_a_restored_name_plans_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "--list-models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(
+        line.split() == ["google/gemma-2-27b", "=", "google/gemma-2-27b-it"] for line in lines
+    )
