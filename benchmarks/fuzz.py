@@ -289,6 +289,11 @@ def score(runs: Sequence[FuzzRun]) -> dict[str, Any]:
             if at_edge(r.replay.ticks):
                 edge_hours += 1
                 caught += bool(eps)
+        ticketed_first = 0
+        for r, s in mine:
+            first = s["first_preemption_seconds"]
+            if first is not None and r.replay is not None:
+                ticketed_first += any(a <= first for a, _b in edge_episodes(r.replay.ticks))
         named = [s["bottleneck"]["names_main_reason"] for _r, s in mine]
         judged = [v for v in named if v is not None]
         by_kind[kind] = {
@@ -307,6 +312,11 @@ def score(runs: Sequence[FuzzRun]) -> dict[str, Any]:
             "safe_hours_at_the_edge": edge_hours,
             "of_them_ticketed": caught,
             "bottleneck_main_reason": [sum(judged), len(judged)],
+            # The ticket's own lead: overload runs it was raised in before the first
+            # preemption (it is no page; a server that ran near full for ten minutes).
+            "ticket_before_first_preemption": (
+                round(ticketed_first / len(overload), 3) if overload else None
+            ),
         }
     return {
         "kinds": by_kind,
@@ -366,7 +376,7 @@ def render(result: dict[str, Any], seeds: Sequence[int], wall: float, jobs: int)
         "",
         f"{'kind':<16} {'runs o/s':>9} {'recall':>6} {'med lead':>8} {'worst':>6} "
         f"{'warned':>6} {'FA/h':>5} {'near/h':>6} {'ticket/h':>8} {'edge hrs':>8} "
-        f"{'bottleneck':>10}",
+        f"{'ticket<1st':>10} {'bottleneck':>10}",
     ]
     for kind, r in result["kinds"].items():
         named, judged = r["bottleneck_main_reason"]
@@ -378,7 +388,8 @@ def render(result: dict[str, Any], seeds: Sequence[int], wall: float, jobs: int)
             f"{_fmt(r['false_alarm_minutes_per_safe_hour'], '.1f'):>5} "
             f"{_fmt(r['near_miss_minutes_per_safe_hour'], '.1f'):>6} "
             f"{_fmt(r['ticket_minutes_per_safe_hour'], '.1f'):>8} "
-            f"{r['of_them_ticketed']:>3}/{r['safe_hours_at_the_edge']:<4} {named:>5}/{judged:<4}"
+            f"{r['of_them_ticketed']:>3}/{r['safe_hours_at_the_edge']:<4} "
+            f"{_fmt(r['ticket_before_first_preemption'], '.2f'):>10} {named:>5}/{judged:<4}"
         )
     out += ["", "reliability: risk band → polls, share followed by a preemption within "
             f"{HORIZON:.0f} s"]  # fmt: skip
