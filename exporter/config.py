@@ -8,26 +8,42 @@ lists every problem, so an operator fixes a broken deploy in one pass rather tha
 from __future__ import annotations
 
 import difflib
-import ipaddress
-import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, TypeVar, cast
 
 import yaml
 
-from exporter.capacity.gpus import lookup_gpu, parse_bytes
+from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.releases import parse_version
 from exporter.errors import InputError
+from exporter.settings import (
+    ENV_PREFIX,
+    Bad,
+    Parser,
+    Spec,
+    parse_address,
+    parse_bool,
+    parse_checked,
+    parse_devices,
+    parse_duration,
+    parse_enum,
+    parse_int,
+    parse_size,
+    parse_str,
+    parse_url,
+    parse_utilization,
+    show,
+    show_duration,
+    show_size,
+)
+from exporter.sources.registry import REGISTRY
 from exporter.sources.vllm import redact
 from exporter.webconfig import WebConfig, WebConfigError, load_web_config
 
-ENV_PREFIX = "KV_HEADROOM_"
 CONFIG_FILE_KEY = "config.file"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG_FILE"
 # Unless set, vLLM's timeout is this share of a poll interval shorter than its default, so
@@ -92,307 +108,149 @@ class Config:
     sources: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType({}), hash=False, compare=False
     )
+    # The settings a source declares for itself (sources.registry), by dotted key: only what
+    # was set; ``get`` gives the spec's default for the rest. Compared, not hashed, like above.
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def listen_address(self) -> str:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
 
+    def get(self, spec: Spec[T]) -> T:
+        """A setting's value, typed by its spec: its Config field, else what was set, else
+        the spec's default."""
+        if spec.attr is not None:
+            value: T = _get(self, spec.attr)
+            return value
+        return cast(T, self.settings.get(spec.key, spec.default))
 
-class _Bad(Exception):
-    """A value's problem, raised before it is known which layer the value came from."""
-
-
-# A parser gets the raw value and whether it arrived as text (env, flags), where a string is
-# the only spelling; in YAML a quoted "true" or "256" is a mistake worth reporting.
-Parser = Callable[[object, bool], Any]
-
-
-def _str(value: object, text: bool) -> str:
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        raise _Bad(f'must be a string; quote it: "{value}"')
-    raise _Bad("must be a non-empty string")
+    def value(self, key: str) -> Any:
+        """A setting's value by its dotted key (a source's enable flag, say)."""
+        return self.get(_BY_KEY[key])
 
 
-def _float(value: object, text: bool) -> float | None:
-    if text and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+T = TypeVar("T")
 
 
-def _int(value: object, text: bool) -> int:
-    if text and isinstance(value, str) and value.strip().isdecimal():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _Bad("must be a whole number greater than 0")
-    return value
-
-
-def _utilization(value: object, text: bool) -> float:
-    u = _float(value, text)
-    if u is None or not 0 < u <= 1:
-        raise _Bad("must be a fraction in (0, 1], e.g. 0.9")
-    return u
-
-
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-
-def _bool(value: object, text: bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    if text and isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
-        return _BOOL_WORDS[value.strip().lower()]
-    raise _Bad("must be true or false" + ("" if text else " (a YAML boolean, not quoted)"))
-
-
-_UNITS: tuple[tuple[str, float], ...] = (
-    *(("y", 31_536_000), ("w", 604_800), ("d", 86_400), ("h", 3600), ("m", 60)),
-    *(("s", 1), ("ms", 0.001)),
-)
-_DURATION_RE = re.compile("".join(rf"(?:(\d+(?:\.\d+)?){u})?" for u, _ in _UNITS))
-
-
-def _duration(value: object, text: bool) -> float:
-    seconds = _float(value, True)  # a plain number is seconds, in YAML as in a flag
-    m = _DURATION_RE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if m and any(m.groups()):
-        seconds = sum(float(n) * s for n, (_, s) in zip(m.groups(), _UNITS, strict=True) if n)
-    if seconds is None:
-        raise _Bad("must be a duration like 2s, 500ms, 1m30s or a number of seconds")
-    if not 0 < seconds < math.inf:
-        raise _Bad("must be greater than 0")
-    return seconds
-
-
-def _size(value: object, text: bool) -> int:
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    try:  # parse_bytes says what is wrong in the words `plan` uses for the same mistake
-        return parse_bytes(str(value) if is_int or isinstance(value, str) else "?", "")
-    except InputError as e:
-        raise _Bad(e.problem) from None
-
-
-def _url(value: object, text: bool) -> str:
-    url = _str(value, text)
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # only reading it finds a port that is not a number
-    except ValueError as e:
-        raise _Bad(f"not a URL: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _Bad("must be an http(s) URL with a host, e.g. http://127.0.0.1:8000")
-    return url.rstrip("/")  # callers append /metrics and friends
-
-
-def _address(value: object, text: bool) -> tuple[str, int]:
-    host, colon, port = _str(value, text).rpartition(":")
-    if not colon:
-        raise _Bad("must be host:port, e.g. :9847 or 127.0.0.1:9847")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise _Bad(f"{host!r} in brackets is not an IPv6 address") from None
-    elif ":" in host:
-        raise _Bad("put an IPv6 address in brackets, e.g. [::1]:9847")
-    if not port.isdecimal() or not 1 <= int(port) <= 65535:
-        raise _Bad("the port must be 1-65535")
-    return host, int(port)
-
-
-def _enum(*choices: str) -> Parser:
-    def parse(value: object, text: bool) -> str:
-        if isinstance(value, str) and value.strip().lower() in choices:
-            return value.strip().lower()
-        raise _Bad(f"use one of {', '.join(choices)}")
-
-    return parse
-
-
-def _devices(value: object, text: bool) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    what = "must be a list of GPU indices or UUIDs, e.g. [0, GPU-8c1...]"
-    if not isinstance(items, list | tuple) or not items:
-        raise _Bad(what)
-    # YAML reads an unquoted index as an int; a UUID arrives as a string.
-    out = tuple(
-        str(i).strip() for i in items if isinstance(i, int | str) and not isinstance(i, bool)
-    )
-    if len(out) != len(items) or not all(out) or any(d.startswith("-") for d in out):
-        raise _Bad(what)
-    return out
-
-
-def _checked(check: Callable[[str], object]) -> Parser:
-    """A string the capacity code must accept, judged by that code's own parser."""
-
-    def parse(value: object, text: bool) -> str:
-        try:
-            check(s := _str(value, text))
-        except InputError as e:
-            raise _Bad(e.problem) from None
-        return s
-
-    return parse
-
-
-def _show_duration(seconds: float) -> str:
-    ms = round(seconds * 1000)
-    if ms % 1000:
-        return f"{ms}ms" if ms < 1000 else f"{seconds:g}s"
-    out, rest = "", ms // 1000
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size:
-            out, rest = out + f"{rest // size}{unit}", rest % size
-    return out
-
-
-def _show_size(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20)):
-        if n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
-
-
-def _show(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return ",".join(value) if isinstance(value, tuple) else str(value)
-
-
-@dataclass(frozen=True)
-class _Spec:
-    key: str  # dotted, as in the YAML file
-    attr: str  # where it lands on Config, dotted for deployment fields
-    parse: Parser
-    show: Callable[[Any], str] = _show
-    flag_name: str | None = None  # when the flag is not the key spelt with dashes
-    help: str = ""  # one line for --help and the generated configuration table
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.key.upper().replace(".", "_")
-
-    @property
-    def flag(self) -> str:
-        return self.flag_name or "--" + self.key.replace("_", "-")
-
-
-def _dep(name: str, parse: Parser, help: str, show: Callable[[Any], str] = _show) -> _Spec:
-    return _Spec(f"deployment.{name}", f"deployment.{name}", parse, show, help=help)
+def _dep(name: str, parse: Parser, help: str, show: Callable[[Any], str] = show) -> Spec[Any]:
+    return Spec(f"deployment.{name}", f"deployment.{name}", parse, show, help=help)
 
 
 _WHERE_VLLM_SAYS = " (where vLLM's page and command line do not say)"
-_SPECS = (
-    _Spec("vllm.url", "vllm_url", _url, redact, help="vLLM's base URL; /metrics is read"),
-    _Spec(
+_CORE_SPECS: tuple[Spec[Any], ...] = (
+    Spec("vllm.url", "vllm_url", parse_url, redact, help="vLLM's base URL; /metrics is read"),
+    Spec(
         "vllm.timeout",
         "vllm_timeout_seconds",
-        _duration,
-        _show_duration,
+        parse_duration,
+        show_duration,
         help="per request to vLLM and NVML; unless set, 1.5s or 3/4 of poll.interval if less",
     ),
-    _Spec(
+    Spec(
         "vllm.max_page_bytes",
         "vllm_max_page_bytes",
-        _size,
-        _show_size,
+        parse_size,
+        show_size,
         help="a larger /metrics page is refused (vLLM marked down)",
     ),
-    _Spec(
+    Spec(
         "web.listen_address",
         "listen_address",
-        _address,
+        parse_address,
         help="host:port to serve /metrics, /healthz, /readyz and / on",
     ),
     # Spelt as exporter-toolkit spells it, so one flag and one file serve every exporter.
-    _Spec(
+    Spec(
         "web.config_file",
         "web_config_file",
-        _str,
+        parse_str,
         flag_name="--web.config.file",
         help="exporter-toolkit web config (TLS, basic auth), as node-exporter reads it",
     ),
-    _Spec(
+    Spec(
         "poll.interval",
         "poll_interval_seconds",
-        _duration,
-        _show_duration,
+        parse_duration,
+        show_duration,
         help="time between polls, start to start",
     ),
-    _Spec(
+    Spec(
         "poll.window",
         "window_seconds",
-        _duration,
-        _show_duration,
+        parse_duration,
+        show_duration,
         help="context lengths and ratios are taken over this window",
     ),
-    _Spec(
+    Spec(
         "poll.history",
         "history_seconds",
-        _duration,
-        _show_duration,
+        parse_duration,
+        show_duration,
         help="how far back the sidecar keeps observations",
     ),
-    _Spec("model.path", "model_path", _str, help="the model's directory or its config.json"),
-    _Spec(
+    Spec("model.path", "model_path", parse_str, help="the model's directory or its config.json"),
+    Spec(
         "log.format",
         "log_format",
-        _enum("auto", "json", "console"),
+        parse_enum("auto", "json", "console"),
         help="auto: console on a terminal, JSON lines otherwise",
     ),
-    _Spec(
+    Spec(
         "log.level",
         "log_level",
-        _enum("debug", "info", "warning", "error"),
+        parse_enum("debug", "info", "warning", "error"),
         help="least level logged",
     ),
-    _Spec("nvml.enabled", "nvml_enabled", _bool, help="read GPU memory through NVML"),
-    _Spec(
-        "nvml.devices", "nvml_devices", _devices, help="GPU indices or UUIDs to read (default: all)"
+    Spec("nvml.enabled", "nvml_enabled", parse_bool, help="read GPU memory through NVML"),
+    Spec(
+        "nvml.devices",
+        "nvml_devices",
+        parse_devices,
+        help="GPU indices or UUIDs to read (default: all)",
     ),
-    _Spec(
+    Spec(
         "proc.path",
         "proc_path",
-        _str,
+        parse_str,
         help="where the host's /proc is mounted, to read vLLM's flags",
     ),
-    _dep("vllm_version", _checked(parse_version), "vLLM release" + _WHERE_VLLM_SAYS),
-    _dep("gpu", _checked(lookup_gpu), "GPU catalogue name or memory size" + _WHERE_VLLM_SAYS),
-    _dep("tensor_parallel_size", _int, "vLLM --tensor-parallel-size" + _WHERE_VLLM_SAYS),
-    _dep("pipeline_parallel_size", _int, "vLLM --pipeline-parallel-size" + _WHERE_VLLM_SAYS),
-    _dep("max_num_seqs", _int, "vLLM --max-num-seqs" + _WHERE_VLLM_SAYS),
-    _dep("max_model_len", _int, "vLLM --max-model-len" + _WHERE_VLLM_SAYS),
-    _dep("max_num_batched_tokens", _int, "vLLM --max-num-batched-tokens" + _WHERE_VLLM_SAYS),
+    _dep("vllm_version", parse_checked(parse_version), "vLLM release" + _WHERE_VLLM_SAYS),
+    _dep("gpu", parse_checked(lookup_gpu), "GPU catalogue name or memory size" + _WHERE_VLLM_SAYS),
+    _dep("tensor_parallel_size", parse_int, "vLLM --tensor-parallel-size" + _WHERE_VLLM_SAYS),
+    _dep("pipeline_parallel_size", parse_int, "vLLM --pipeline-parallel-size" + _WHERE_VLLM_SAYS),
+    _dep("max_num_seqs", parse_int, "vLLM --max-num-seqs" + _WHERE_VLLM_SAYS),
+    _dep("max_model_len", parse_int, "vLLM --max-model-len" + _WHERE_VLLM_SAYS),
+    _dep("max_num_batched_tokens", parse_int, "vLLM --max-num-batched-tokens" + _WHERE_VLLM_SAYS),
     _dep(
-        "gpu_memory_utilization", _utilization, "vLLM --gpu-memory-utilization" + _WHERE_VLLM_SAYS
+        "gpu_memory_utilization",
+        parse_utilization,
+        "vLLM --gpu-memory-utilization" + _WHERE_VLLM_SAYS,
     ),
-    _dep("kv_cache_dtype", _enum(*KV_CACHE_DTYPES), "vLLM --kv-cache-dtype" + _WHERE_VLLM_SAYS),
-    _dep("dtype", _str, "vLLM --dtype" + _WHERE_VLLM_SAYS),
-    _dep("quantization", _str, "vLLM --quantization" + _WHERE_VLLM_SAYS),
-    _dep("block_size", _int, "vLLM --block-size" + _WHERE_VLLM_SAYS),
-    _dep("enforce_eager", _bool, "vLLM --enforce-eager" + _WHERE_VLLM_SAYS),
-    _dep("num_gpu_blocks_override", _int, "vLLM --num-gpu-blocks-override" + _WHERE_VLLM_SAYS),
+    _dep(
+        "kv_cache_dtype", parse_enum(*KV_CACHE_DTYPES), "vLLM --kv-cache-dtype" + _WHERE_VLLM_SAYS
+    ),
+    _dep("dtype", parse_str, "vLLM --dtype" + _WHERE_VLLM_SAYS),
+    _dep("quantization", parse_str, "vLLM --quantization" + _WHERE_VLLM_SAYS),
+    _dep("block_size", parse_int, "vLLM --block-size" + _WHERE_VLLM_SAYS),
+    _dep("enforce_eager", parse_bool, "vLLM --enforce-eager" + _WHERE_VLLM_SAYS),
+    _dep("num_gpu_blocks_override", parse_int, "vLLM --num-gpu-blocks-override" + _WHERE_VLLM_SAYS),
     _dep(
         "kv_cache_memory_bytes",
-        _size,
+        parse_size,
         "vLLM --kv-cache-memory-bytes" + _WHERE_VLLM_SAYS,
-        _show_size,
+        show_size,
     ),
     _dep(
         "weights_bytes",
-        _size,
+        parse_size,
         "the whole checkpoint's size, when the model dir lacks it",
-        _show_size,
+        show_size,
     ),
 )
+# The sidecar's own settings, then each registered source's (sources/registry.py), in the
+# registry's order: a source brings its keys, variables, flags and docs rows with it.
+_SPECS: tuple[Spec[Any], ...] = (*_CORE_SPECS, *(s for p in REGISTRY for s in p.settings))
 _BY_KEY = {s.key: s for s in _SPECS}
 SPECS_BY_KEY = _BY_KEY  # for the command line, which spells each key as a flag
 _BY_ENV = {s.env: s for s in _SPECS}
@@ -437,23 +295,23 @@ _READ_ERRORS: dict[type[OSError], str] = {
 
 
 def _read_file(path: str, named_by: str, read_text: Callable[[str], str]) -> Any:
-    """The parsed YAML document; raises _Bad with the whole problem line."""
+    """The parsed YAML document; raises Bad with the whole problem line."""
     try:
         text = read_text(path)
     except UnicodeDecodeError as e:
         why = f"not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})"
-        raise _Bad(_problem(named_by, CONFIG_FILE_KEY, path, why)) from None
+        raise Bad(_problem(named_by, CONFIG_FILE_KEY, path, why)) from None
     except OSError as e:
         reason = _READ_ERRORS.get(type(e), f"cannot read it: {e.strerror or e}")
-        raise _Bad(_problem(named_by, CONFIG_FILE_KEY, path, reason)) from None
+        raise Bad(_problem(named_by, CONFIG_FILE_KEY, path, reason)) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise _Bad(f"{path}: {at}invalid YAML: {e.problem or e.context}") from None
+        raise Bad(f"{path}: {at}invalid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise _Bad(f"{path}: invalid YAML: {e}") from None
+        raise Bad(f"{path}: invalid YAML: {e}") from None
 
 
 def _name(key: object) -> str:
@@ -503,7 +361,7 @@ def load_config(
             given += _file_settings(
                 config_file, _read_file(config_file, named_by, read_text), problems
             )
-        except _Bad as e:
+        except Bad as e:
             problems.append(str(e))
     for name, text in sorted(env.items()):
         # An empty variable is how templated deploys leave one unset.
@@ -528,7 +386,7 @@ def load_config(
             value = _BY_KEY[key].parse(setting.raw, setting.source != "file")
             found[key] = replace(setting, value=value)
             failed.discard(key)
-        except _Bad as e:
+        except Bad as e:
             problems.append(_problem(setting.where, key, setting.raw, str(e)))
             failed.add(key)
     if "vllm.timeout" not in found and "poll.interval" in found:
@@ -551,9 +409,12 @@ def load_config(
 
     kwargs: dict[str, Any] = {}
     deployment: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
     for key, setting in found.items():
         attr = _BY_KEY[key].attr
-        if attr == "listen_address":
+        if attr is None:  # a source's own setting
+            settings[key] = setting.value
+        elif attr == "listen_address":
             kwargs["listen_host"], kwargs["listen_port"] = setting.value
         elif attr.startswith("deployment."):
             deployment[attr.partition(".")[2]] = setting.value
@@ -568,13 +429,13 @@ def load_config(
         deployment=Deployment(**deployment),
         config_file=config_file,
         sources=MappingProxyType(sources),
+        settings=MappingProxyType(settings),
     )
 
 
 def _misordered(found: dict[str, _Setting], low: str, high: str, strict: bool) -> list[str]:
     lo, hi = (
-        found.get(k) or _Setting("default", "default", None, _get(Config(), _BY_KEY[k].attr))
-        for k in (low, high)
+        found.get(k) or _Setting("default", "default", None, Config().value(k)) for k in (low, high)
     )
     if lo.value < hi.value or (not strict and lo.value == hi.value):
         return []
@@ -583,7 +444,7 @@ def _misordered(found: dict[str, _Setting], low: str, high: str, strict: bool) -
     key, bad, other_key, other = (low, lo, high, hi) if low_blamed else (high, hi, low, lo)
     than = [["at least", "greater than"], ["at most", "less than"]][low_blamed][strict]
     origin = ", the default" if other.source == "default" else f" from {other.where}"
-    shown = f"{other_key} ({_show_duration(other.value)}{origin})"
+    shown = f"{other_key} ({show_duration(other.value)}{origin})"
     return [_problem(bad.where, key, bad.raw, f"must be {than} {shown}")]
 
 
@@ -618,9 +479,9 @@ def _where(config: Config, key: str) -> str:
 def describe(config: Config) -> list[tuple[str, str, str]]:
     """(dotted key, value as shown, where it came from) for every setting, file first."""
     rows: list[tuple[str, Any, Callable[[Any], str]]] = [
-        (CONFIG_FILE_KEY, config.config_file, _show)
+        (CONFIG_FILE_KEY, config.config_file, show)
     ]
-    rows += [(s.key, _get(config, s.attr), s.show) for s in _SPECS]
+    rows += [(s.key, config.get(s), s.show) for s in _SPECS]
     return [
         (key, "(not set)" if value is None else show(value), config.sources.get(key, "default"))
         for key, value, show in rows

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from exporter import snapshot as snapshots
 from exporter.config import Config
@@ -29,29 +27,21 @@ from exporter.log import get_logger
 from exporter.metrics import LIMITS, render_counted
 from exporter.observe import Folder, History, fold
 from exporter.snapshot import Snapshot
-from exporter.sources.base import Outcome, Readings, Source, SourceHealth, Stage
-from exporter.sources.cmdline import Flags, ProcessSource, VllmProcess, find_vllm_processes
-from exporter.sources.cmdline import parse_flags as _parse_flags
-from exporter.sources.model_dir import ModelDirSource, ModelSource, load_model
-from exporter.sources.nvml import NvmlReader, NvmlSource
-from exporter.sources.vllm import VllmApi, VllmSource
+from exporter.sources.base import (
+    Closing,
+    Outcome,
+    PollerDeps,
+    Readings,
+    Source,
+    SourceContext,
+    SourceHealth,
+    Stage,
+)
+from exporter.sources.registry import REGISTRY
+from exporter.sources.vllm import VllmApi
 from exporter.trail import record
 
-
-def _read_flags(process: VllmProcess) -> Flags:
-    return _parse_flags(process.argv)
-
-
-@dataclass
-class PollerDeps:
-    """Everything the poller touches outside itself; tests replace any of it."""
-
-    clock: Callable[[], float] = time.time
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    find_processes: Callable[[str], list[VllmProcess]] = find_vllm_processes
-    read_flags: Callable[[VllmProcess], Flags] = _read_flags
-    load_model: Callable[[str], ModelSource] = load_model
-    nvml: NvmlReader | None = None
+__all__ = ["Poller", "PollerDeps"]  # PollerDeps lives with the sources; callers import it here
 
 
 class Poller:
@@ -64,7 +54,7 @@ class Poller:
         self.history = History(config.history_seconds, int(config.history_seconds / interval) + 8)
         self._sources = self._make_sources()
         self._health = {s.name: SourceHealth(s.name) for s in self._sources if s.reports_health}
-        self.readings = Readings()
+        self.readings = Readings(order=tuple(s.name for s in self._sources))
         self._folder = Folder()
         self._limits_hit: set[str] = set()
         self._poll_failure: str | None = None
@@ -79,33 +69,9 @@ class Poller:
         self.last_poll_end: float | None = None
 
     def _make_sources(self) -> list[Source]:
-        """The sources, in the order their health is exported: one line per source."""
-        config, deps = self.config, self._deps
-        within = config.vllm_timeout_seconds
-        sources: list[Source] = [VllmSource(self._client)]
-        url = urlsplit(config.vllm_url)
-        sources.append(
-            ProcessSource(
-                proc_path=config.proc_path,
-                host=url.hostname or "",
-                port=url.port or (443 if url.scheme == "https" else 80),
-                within=within,
-                find=deps.find_processes,
-                read_flags=deps.read_flags,
-            )
-        )
-        if config.nvml_enabled:
-            # The caller's deps stay as given: the reader is the poller's own when none is.
-            reader = deps.nvml or NvmlReader()
-            sources.append(
-                NvmlSource(reader, devices=config.nvml_devices, env=deps.env, within=within)
-            )
-        sources.append(
-            ModelDirSource(
-                configured=config.model_path, env=deps.env, load=deps.load_model, within=within
-            )
-        )
-        return sources
+        """The registry's enabled sources, in the order their health is exported."""
+        context = SourceContext(self.config, self._deps, self._client)
+        return [plugin.make(context) for plugin in REGISTRY if plugin.on(self.config)]
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -295,9 +261,14 @@ class Poller:
         return self._deps.clock() - (self.last_poll_end or self.created) <= limit
 
     async def close(self) -> None:
+        """Each source that holds something (a session, an NVML handle) lets it go; one that
+        fails to close does not keep the others from closing."""
         for source in self._sources:
-            if isinstance(source, NvmlSource):
-                await source.close()
+            if isinstance(source, Closing):
+                try:
+                    await source.close()
+                except Exception as e:
+                    self._log.warning("source_close_failed", source=source.name, error=_one_line(e))
 
 
 def _due(source: Source, now: float) -> bool:

@@ -15,17 +15,19 @@ from typing import Any
 from aiohttp import web
 
 from exporter.config import SPECS_BY_KEY, Config, ConfigError, check_paths, describe, load_config
-from exporter.config import _bool as _bool_parser
 from exporter.log import configure, get_logger
 from exporter.poller import PollerDeps
 from exporter.server import HANDLER_LIMITS, POLLER, create_app
+from exporter.settings import parse_bool
+from exporter.sources.registry import REGISTRY
 from exporter.sources.vllm import redact
 from exporter.webconfig import WebConfigError, ssl_context
 
 EXIT_OK, EXIT_RUNTIME, EXIT_BAD_CONFIG = 0, 1, 2
 
 # The settings serve takes as flags; every other key is for the file or the environment.
-SERVE_FLAGS = (
+# A registered source adds the flags it declares, after these.
+_CORE_FLAGS = (
     "vllm.url",
     "vllm.timeout",
     "web.listen_address",
@@ -37,6 +39,7 @@ SERVE_FLAGS = (
     "log.level",
     "nvml.enabled",
 )
+SERVE_FLAGS = (*_CORE_FLAGS, *(key for plugin in REGISTRY for key in plugin.flags))
 _DEFAULTS = {key: value for key, value, _ in describe(Config())}
 
 
@@ -47,7 +50,7 @@ def add_config_flag(p: argparse.ArgumentParser, key: str, *aliases: str, default
     shown = default or _DEFAULTS[key]
     help_text = f"{spec.help} (default: {shown})" if shown != "(not set)" else spec.help
     dest = _dest(key)
-    if spec.parse is _bool_parser:
+    if spec.parse is parse_bool:
         p.add_argument(
             spec.flag,
             dest=dest,

@@ -39,7 +39,7 @@ from exporter.risk.headroom import load_headroom
 from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
-from exporter.sources.nvml import GpuMemory
+from exporter.sources.nvml import GPU_MEMORY, GpuMemory
 from exporter.sources.vllm_page import CacheConfig, EngineMetrics
 
 if TYPE_CHECKING:
@@ -538,7 +538,8 @@ def build(
 ) -> Snapshot:
     """Everything one poll exports, from the history and what the sources read."""
     model = readings.model
-    nvml_gpus = readings.nvml.gpus if readings.nvml is not None else ()
+    gpu_memory = readings.get(GPU_MEMORY)
+    nvml_gpus = gpu_memory.gpus if gpu_memory is not None else ()
     expected, note = expected_plan(deployment, model, nvml_gpus, configured_gpu)
     engines = engine_views(history, window_seconds, deployment, expected)
     per_token, per_token_source = bytes_per_token(expected, history)
@@ -546,8 +547,8 @@ def build(
     latest = history.latest
     if latest is not None and latest.page is not None:
         limited.update(latest.page.limited)
-    if readings.nvml is not None and readings.nvml.left_out:
-        limited["gpus"] = readings.nvml.left_out
+    if gpu_memory is not None and gpu_memory.left_out:
+        limited["gpus"] = gpu_memory.left_out
     vllm = next((s for s in sources if s.name == "vllm"), None)
     return Snapshot(
         time=now,
@@ -561,7 +562,7 @@ def build(
         expected=expected,
         expected_note=note,
         engines=engines,
-        gpus=gpu_views(nvml_gpus, expected) if readings.nvml is not None else (),
+        gpus=gpu_views(nvml_gpus, expected) if gpu_memory is not None else (),
         vllm_ready=vllm is not None and vllm.last_success is not None,
         notes=tuple(model.arch.approximate) if model else (),
         limited=limited,

@@ -4,8 +4,11 @@ health, and daemon threads for blocking reads.
 A source is an object with a ``name`` (its ``source`` label), a ``stage``, ``due(now)``
 (has this poll work for it?) and an async ``poll(now, readings)`` that writes what it read
 into ``readings`` and returns ``None`` (answered) or ``(kind, message)`` (down). The poller
-runs the due sources of a stage concurrently, times each, and keeps its ``SourceHealth``;
-adding a source is one file with such a class and one line in ``Poller._make_sources``.
+runs the due sources of a stage concurrently, times each, and keeps its ``SourceHealth``.
+A source module declares itself with a ``Plugin`` (its name, its settings, its enable flag
+and how to make it); adding a source is that one file and one line in
+``sources/registry.py``. What a source reads for the snapshot goes in a typed ``Slot`` of
+``Readings``, declared beside the source, so no other source needs to know of it.
 
 Blocking work runs in daemon threads, one at a time per job: a call that hangs (a GPU that
 fell off the bus, a stale NFS mount) is waited on by later polls instead of being started
@@ -17,18 +20,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from exporter.deployment import Resolved
+from exporter.settings import Spec
 
 if TYPE_CHECKING:
+    from exporter.config import Config
     from exporter.sources.cmdline import Flags, VllmProcess
-    from exporter.sources.model_dir import LoadedModel
-    from exporter.sources.nvml import NvmlSample
-    from exporter.sources.vllm import ModelCard
+    from exporter.sources.model_dir import LoadedModel, ModelSource
+    from exporter.sources.nvml import NvmlReader
+    from exporter.sources.vllm import ModelCard, VllmApi
     from exporter.sources.vllm_page import VllmPage
 
 T = TypeVar("T")
@@ -42,6 +49,21 @@ class Stage(enum.Enum):
     AFTER_DEPLOYMENT = 2  # needs the flags resolved from what the first stage read
 
 
+class Slot(Generic[T]):
+    """A typed place in ``Readings``, declared by the source that fills it.
+
+    More than one source may fill the same slot (NVML and dcgm-exporter both read GPU
+    memory): ``Readings.get`` gives the value of the one registered first that has one, so a
+    second source fills in where the first has nothing, whichever finished first.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Slot({self.name!r})"
+
+
 @dataclass
 class Readings:
     """The latest of what each source read: sources write it, ``snapshot.build`` reads it."""
@@ -51,9 +73,27 @@ class Readings:
     version: str | None = None
     process: VllmProcess | None = None  # the vLLM process, when its /proc entry is visible
     flags: Flags | None = None
-    nvml: NvmlSample | None = None
     model: LoadedModel | None = None
     deployment: Resolved = field(default_factory=Resolved)  # set between the two stages
+    # Which writer of a slot wins: the sources' names in registry order (the poller sets it).
+    order: tuple[str, ...] = ()
+    _slots: dict[Slot[Any], dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    def put(self, slot: Slot[T], writer: str, value: T | None) -> None:
+        """What ``writer`` read for ``slot`` this poll; None: it has nothing now."""
+        self._slots.setdefault(slot, {})[writer] = value
+
+    def get(self, slot: Slot[T]) -> T | None:
+        """The slot's value from the first writer in ``order`` that has one."""
+        written = self._slots.get(slot)
+        if not written:
+            return None
+        rank = {name: i for i, name in enumerate(self.order)}
+        for writer in sorted(written, key=lambda w: (rank.get(w, len(rank)), w)):
+            value = written[writer]
+            if value is not None:
+                return cast(T, value)
+        return None
 
 
 class Source(Protocol):
@@ -70,6 +110,56 @@ class Source(Protocol):
 
     async def on_restart(self, now: float, readings: Readings) -> None:
         """vLLM restarted: what this source holds about the old process may be stale."""
+
+
+@runtime_checkable
+class Closing(Protocol):
+    """A source that holds something to release at shutdown (a session, an NVML handle)."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class PollerDeps:
+    """Everything the poller and its sources touch outside themselves; tests replace any of
+    it. None: the real thing (the process scan, the model loader, a fresh NVML reader)."""
+
+    clock: Callable[[], float] = time.time
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    find_processes: Callable[[str], list[VllmProcess]] | None = None
+    read_flags: Callable[[VllmProcess], Flags] | None = None
+    load_model: Callable[[str], ModelSource] | None = None
+    nvml: NvmlReader | None = None
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What a plug-in is made from: the configuration, the poller's deps and vLLM's client."""
+
+    config: Config
+    deps: PollerDeps
+    client: VllmApi
+
+    @property
+    def within(self) -> float:
+        """How long one read may take: vLLM's timeout, which ends before the next poll."""
+        return self.config.vllm_timeout_seconds
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A source as the registry knows it: its name, the settings it declares (each a YAML
+    key, a ``KV_HEADROOM_*`` variable, a docs row, and a ``serve`` flag when listed in
+    ``flags``), the key of its enable flag (None: always on) and how to make it."""
+
+    name: str
+    make: Callable[[SourceContext], Source]
+    settings: tuple[Spec[Any], ...] = ()
+    enabled: str | None = None
+    flags: tuple[str, ...] = ()
+
+    def on(self, config: Config) -> bool:
+        return self.enabled is None or bool(config.value(self.enabled))
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 import yaml
 
 from exporter.errors import InputError
 from exporter.log import get_logger
-from exporter.sources.base import Jobs, Outcome, Readings, Stage
+from exporter.sources.base import Jobs, Outcome, Plugin, Readings, SourceContext, Stage
 
 PROCESS_SCAN_SECONDS = 30.0
 VLLM_DEFAULT_PORT = 8000  # vLLM's --port when the command line does not set it
@@ -479,3 +480,24 @@ class ProcessSource:
 
     async def on_restart(self, now: float, readings: Readings) -> None:
         self._due = now  # the flags may have changed with the restart: scan next poll
+
+
+def _read_flags(process: VllmProcess) -> Flags:
+    return parse_flags(process.argv)
+
+
+def _make(context: SourceContext) -> ProcessSource:
+    # Only a process that serves the configured URL's port is believed (``serves``).
+    config, deps = context.config, context.deps
+    url = urlsplit(config.vllm_url)
+    return ProcessSource(
+        proc_path=config.proc_path,
+        host=url.hostname or "",
+        port=url.port or (443 if url.scheme == "https" else 80),
+        within=context.within,
+        find=deps.find_processes or find_vllm_processes,
+        read_flags=deps.read_flags or _read_flags,
+    )
+
+
+PLUGIN = Plugin("process", _make)

@@ -29,7 +29,7 @@ from exporter.deployment import Resolved
 from exporter.errors import InputError
 from exporter.hub import load_from_hub, looks_like_repo_id
 from exporter.log import get_logger
-from exporter.sources.base import Jobs, Outcome, Readings, Stage
+from exporter.sources.base import Jobs, Outcome, Plugin, Readings, SourceContext, Stage
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -306,3 +306,16 @@ class ModelDirSource:
 
     async def on_restart(self, now: float, readings: Readings) -> None:
         return None
+
+
+def _make(context: SourceContext) -> ModelDirSource:
+    deps = context.deps
+    return ModelDirSource(
+        configured=context.config.model_path,
+        env=deps.env,
+        load=deps.load_model or load_model,
+        within=context.within,
+    )
+
+
+PLUGIN = Plugin("model", _make)

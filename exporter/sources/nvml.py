@@ -22,7 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.sources.base import Outcome, Readings, Stage, in_daemon_thread
+from exporter.sources.base import (
+    Outcome,
+    Plugin,
+    Readings,
+    Slot,
+    SourceContext,
+    Stage,
+    in_daemon_thread,
+)
 
 # pynvml makes one NVMLError subclass per NVML_ERROR_* code; its name is the stable part.
 _KINDS = {
@@ -82,6 +90,11 @@ class NvmlSample:
     gpus: tuple[GpuMemory, ...]
     selection: str  # how the GPUs were chosen, e.g. "CUDA_VISIBLE_DEVICES=0,1 (vLLM process env)"
     left_out: int = 0  # devices beyond MAX_GPUS, not read
+
+
+# The GPU memory of the GPUs vLLM runs on, for the capacity chain: NVML's, or another
+# GPU source's in the same shape where NVML has none (Readings.get takes NVML's first).
+GPU_MEMORY: Slot[NvmlSample] = Slot("gpu_memory")
 
 
 @dataclass(frozen=True)
@@ -274,14 +287,14 @@ class NvmlSource:
             )
         # A read still running from an earlier poll is waited on, never started twice:
         # NVML handles are not safe to use from two threads.
-        readings.nvml = None
+        readings.put(GPU_MEMORY, self.name, None)
         try:
             result = await asyncio.wait_for(asyncio.shield(self._task), timeout=self._within)
         except TimeoutError:
             return "timeout", "NVML did not answer in time"
         if isinstance(result, NvmlFailure):
             return result.kind, result.message
-        readings.nvml = result
+        readings.put(GPU_MEMORY, self.name, result)
         return None
 
     async def on_restart(self, now: float, readings: Readings) -> None:
@@ -291,3 +304,15 @@ class NvmlSource:
         # Bounded, in a daemon thread: nvmlShutdown on a lost GPU can hang too.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(in_daemon_thread(self.reader.close, "kv-headroom-nvml-close"), 2)
+
+
+def _make(context: SourceContext) -> NvmlSource:
+    # The caller's deps stay as given: the reader is the poller's own when none is.
+    reader = context.deps.nvml or NvmlReader()
+    devices = context.config.nvml_devices
+    return NvmlSource(reader, devices=devices, env=context.deps.env, within=context.within)
+
+
+# Its two settings (nvml.enabled, nvml.devices) stay Config fields, as they were before the
+# registry: Config(nvml_enabled=False) is how callers and tests turn it off.
+PLUGIN = Plugin("nvml", _make, enabled="nvml.enabled")

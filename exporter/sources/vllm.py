@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from exporter.log import get_logger
-from exporter.sources.base import Outcome, Readings, Stage
+from exporter.sources.base import Outcome, Plugin, Readings, SourceContext, Stage
 from exporter.sources.dialects import as_vllm
 from exporter.sources.vllm_page import VllmPage, cut_label, parse_page
 
@@ -350,3 +350,10 @@ class VllmSource:
             # A SourceError leaves the old card in place; anything else is a bug to show.
             if isinstance(result, BaseException) and not isinstance(result, SourceError):
                 raise result
+
+
+def _make(context: SourceContext) -> VllmSource:
+    return VllmSource(context.client)  # the session is the server's, made in create_app
+
+
+PLUGIN = Plugin("vllm", _make)
