@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from exporter.cli import main
 from exporter.config import Config, ConfigError, Deployment, check_paths, describe, load_config
+from exporter.sources.registry import REGISTRY
 
 NO_FLAGS: dict[str, object | None] = {}
 
@@ -400,7 +401,9 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     assert by_key["model.path"] == ("(not set)", "default")
     assert by_key["deployment.weights_bytes"] == ("16GiB", "file")
     assert by_key["web.config_file"] == ("(not set)", "default")
-    assert len(rows) == 1 + 14 + len(dataclasses.fields(Deployment))
+    # The sidecar's own settings, then those each registered source declares (dcgm's three).
+    from_sources = sum(len(plugin.settings) for plugin in REGISTRY)
+    assert len(rows) == 1 + 14 + len(dataclasses.fields(Deployment)) + from_sources
 
 
 YAML_VALUES = st.recursive(

@@ -17,6 +17,7 @@ MODULES = (
     "cmdline",
     "nvml",
     "model_dir",
+    "dcgm",
 )
 
 
