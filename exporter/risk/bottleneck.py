@@ -15,7 +15,16 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 * ``max_num_seqs`` — the batch is at ``max_num_seqs`` (vLLM checks this first, so it binds
   first), less the slots its last step freed and its next step refills. Cure: raise it
   (if the cache holds that many sequences) or scale out.
-* ``kv_cache`` — the free tokens do not hold a typical prompt.
+* ``kv_cache`` — the head does not fit: for ``IDLE_POLLS`` polls running requests waited
+  and no prompt was prefilled, the cache growing no faster than decoding fills it. The
+  step's token budget was then spent on decode tokens alone (one per running request,
+  far below ``max_num_batched_tokens``), so it had room, and the batch had slots: what
+  kept the head out is its prompt, longer than the free blocks (the head of a queue is
+  length-biased: short prompts leave it at once, so it is often longer than typical).
+* ``kv_cache`` — the free tokens do not hold a typical prompt. Where prompts are being
+  prefilled too, the budget and the cache may both bind; the gauge names the cache, the
+  one whose relief the head needs in every case: the budget is renewed every step, the
+  blocks only as requests finish (the simulator labels such a step ``kv_cache`` too).
 * ``compute`` — none of the above: the cache has room and the batch has slots, so the
   step's token budget is what holds the queue back (prefill-bound). Cure: scale out.
 * ``none`` — nobody waits, or only requests that arrived since the last poll and go
@@ -32,8 +41,21 @@ from dataclasses import dataclass
 from exporter.risk.model import Point
 
 RESOURCES = ("kv_cache", "max_num_seqs", "compute", "stalled", "none")
-WINDOW_SECONDS = 30.0  # preemptions this recent mean the cache binds now
+# Preemptions this recent mean the cache binds now. vLLM counts a preemption only when the
+# request reports output again, i.e. once it was readmitted and recomputed: by then the
+# cache's hold lasts only while the refilled batch takes its blocks back, a few steps.
+# Longer, the counter outlives it and names the cache through stretches in which the
+# step's token budget held the queue (issue 27: chat overloads said kv_cache for 78-90 %
+# of their waiting while requests waited on compute for 65-72 %). Five 2 s polls.
+WINDOW_SECONDS = 10.0
 STALL_SECONDS = 30.0  # no progress with a queue for this long is a stall
+# Polls in a row with a queue and no prefill that say the head does not fit: one poll can
+# fall between a prefill's chunks (vLLM counts prompt tokens when the prefill completes).
+IDLE_POLLS = 2
+# Cache growth beyond the tokens decoded that is still no prefill, per running request:
+# each takes a whole block at a time (vLLM's default block, 16 tokens on CUDA), and a poll
+# reads usage and the token counters a step apart.
+BLOCK_ROUNDING = 2 * 16
 
 
 @dataclass(frozen=True)
@@ -59,6 +81,24 @@ def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int
     generating = last.generated > first.generated
     room = (max_num_seqs is None or last.running < max_num_seqs) and free >= prompt
     return not generating or room
+
+
+def _head_does_not_fit(pts: Sequence[Point], capacity_tokens: float) -> bool:
+    """For ``IDLE_POLLS`` polls a queue, and no prompt prefilled: the prompt counter flat
+    and the cache grown by no more than the tokens decoded (plus block rounding). The
+    step's token budget had room (decode takes one token per running request), so the
+    head of the queue waits for blocks."""
+    if len(pts) <= IDLE_POLLS:
+        return False
+    window = pts[-1 - IDLE_POLLS :]
+    first, last = window[0], window[-1]
+    if any(p.waiting < 1 for p in window):
+        return False
+    if first.prompt is None or last.prompt is None or last.prompt > first.prompt:
+        return False  # a prompt was prefilled: the budget went to new work
+    grew = (last.usage - first.usage) * capacity_tokens
+    rounding = BLOCK_ROUNDING * max(p.running for p in window)
+    return grew <= (last.generated - first.generated) + rounding
 
 
 def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
@@ -148,6 +188,13 @@ def classify(
             "max_num_seqs",
             f"{waiting}; {last.running:,.0f} running = max_num_seqs {max_num_seqs:,} "
             f"with {last.usage:.0%} of the cache used",
+        )
+    if _head_does_not_fit(points, capacity_tokens):
+        polls = f"{IDLE_POLLS} polls"
+        return Bottleneck(
+            "kv_cache",
+            f"{waiting}; no prompt was prefilled for {polls} with {free:,.0f} KV tokens free "
+            f"and {last.running:,.0f} running: the head of the queue needs more blocks",
         )
     if prompt > 0 and free < prompt:
         return Bottleneck(
