@@ -121,7 +121,17 @@ def load_from_hub(
     the catalogue's close names, joins a not-found message)."""
     env = os.environ if env is None else env
     # Imported here: the library is heavy, and a plan from a path or the catalogue needs none.
-    from huggingface_hub import HfApi, hf_hub_download
+    try:
+        from huggingface_hub import HfApi, hf_hub_download
+    except ImportError:
+        raise InputError(
+            "--model",
+            "",
+            repo_id,
+            f"is neither a path nor a catalogue model; {did_you_mean}planning a model by its "
+            "Hugging Face id needs huggingface_hub (pip install 'vllm-kv-headroom[hub]'), "
+            "or --model PATH to a directory with its config.json",
+        ) from None
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,

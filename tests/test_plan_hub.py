@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,3 +137,17 @@ def test_an_fp32_checkpoint_leaves_the_weights_to_the_estimate() -> None:
 
 def test_fp8_weights_with_their_scales_count_each_dtype_at_its_width() -> None:
     assert weights_from_parameters({"F8_E4M3": 1_000, "BF16": 10, "F32": 4})[0] == 1_036
+
+
+def test_without_huggingface_hub_a_hub_id_names_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The sidecar image leaves the library out (tests/deploy/test_image.py); None in
+    # sys.modules makes its import fail as it does there.
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    code = main(["plan", "--model", "meta-llama/Llama-3.1-8B"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pip install 'vllm-kv-headroom[hub]'" in err
+    assert "--model PATH" in err
+    assert len(err.strip().splitlines()) == 1
