@@ -388,70 +388,6 @@ def exhaustion_seconds(used: float, forecast: float, trend: float, capacity: flo
     return math.inf
 
 
-# Candidate scores and terms tried on the fuzz tier (docs/risk-model.md, "Tuning on the
-# fuzz tier"), kept at this commit to reproduce the table there; none is shipped.
-SCORE = "logistic"  # or "gamma" (overflow_probability), "skew" (skewed_headroom)
-FILL = False  # fill_tokens
-FILL_MIN_FINISHED = 10
-
-
-def fill_tokens(
-    pts: Sequence[Point], duration: float, per_request: float, max_num_seqs: int | None
-) -> float:
-    """What the arrivals add to the occupancy within ``HORIZON``: by Little's law the
-    requests resident settle at the arrival rate × their mean residence ``W``, and (for
-    exponential residences) approach it as ``λW + (N₀ − λW)·e^(−t/W)`` — a cache filling
-    from a step in the traffic is forecast from its first seconds, before the two-minute
-    level and the five-minute trend have caught up. Arrivals are counted over the last
-    ``ARRIVALS_SECONDS`` (the growth of finished + running + waiting, which preemption
-    does not move); the resident count is at most ``max_num_seqs``."""
-    last = pts[-1]
-    window = pts[since(pts, last.t - ARRIVALS_SECONDS) :]
-    first = window[0]
-    finished = last.finished - first.finished
-    if finished < FILL_MIN_FINISHED or duration <= 0:
-        return 0.0
-    arrived = (
-        last.finished
-        + last.running
-        + last.waiting
-        - (first.finished + first.running + first.waiting)
-    )
-    # Arrivals and finishes over the same minute: a rate from one window against a
-    # residence from another would read a cluster of short requests as a flood.
-    running = sum(map(_RUNNING, window)) / len(window)
-    target = running * max(0.0, arrived) / finished
-    if max_num_seqs:
-        target = min(target, float(max_num_seqs))
-    ahead = target + (last.running - target) * math.exp(-HORIZON / duration)
-    return max(0.0, ahead - last.running) * per_request
-
-
-def skewed_headroom(level: float, spread: float, capacity: float) -> float:
-    """The headroom in spreads of a gamma-distributed occupancy with the forecast's mean and
-    spread, as the normal deviate of the same tail (Wilson–Hilferty): the plain headroom
-    ``(capacity − level) ÷ spread`` when many requests make the occupancy, more when a few
-    large ones do — their sum is skewed right, and its top is nearer than a normal's."""
-    shape = (level / spread) ** 2
-    wh = 1.0 / (9.0 * shape)
-    return float(((capacity / level) ** (1.0 / 3.0) - (1.0 - wh)) / math.sqrt(wh))
-
-
-def overflow_probability(level: float, spread: float, capacity: float, draws: float) -> float:
-    """P(the occupancy touches the top in any of ``draws`` independent looks): each look a
-    gamma-distributed sum with the forecast's mean and spread (a sum of a few large
-    requests is skewed right; of many, about normal), its tail by Wilson–Hilferty."""
-    if level <= 0:
-        return 0.0
-    if spread <= 0:
-        return 1.0 if level >= capacity else 0.0
-    shape = (level / spread) ** 2
-    wh = 1.0 / (9.0 * shape)
-    z = ((capacity / level) ** (1.0 / 3.0) - (1.0 - wh)) / math.sqrt(wh)
-    once = 1.0 - _NORMAL.cdf(z)
-    return float(1.0 - (1.0 - once) ** max(1.0, draws))
-
-
 def current_epoch(points: Sequence[Point]) -> Sequence[Point]:
     """The points since vLLM last restarted: all of them unless it restarted in the window
     (epochs only grow, so equal ends mean one epoch: no scan on every poll)."""
@@ -528,15 +464,7 @@ def assess(inputs: Inputs) -> Risk:
     running_mean = sum(running[trend_start:]) / len(t_trend)
     duration = running_mean * span / finished if finished > 0 else HORIZON
     draws = max(1.0, HORIZON / max(duration, 1.0))
-    if FILL and finished > 0 and inputs.bottleneck not in ("compute", "max_num_seqs"):
-        # (Requests waiting for compute or a batch slot are admitted as others leave: they
-        # fill nothing, as in ``queued_tokens``.)
-        fill = fill_tokens(pts, duration, per_request, inputs.max_num_seqs)
-        # The occupancy now plus what the arrivals will add (an abrupt fill): ahead of the
-        # two-minute level and the five-minute trend while they catch up.
-        forecast = max(forecast + queued, used[-1] + max(queued, fill))
-    else:
-        forecast += queued
+    forecast += queued
 
     tte = exhaustion_seconds(used[-1], forecast, trend, capacity)
 
@@ -572,12 +500,7 @@ def assess(inputs: Inputs) -> Risk:
     spread = max(theory, observed)
     # The score: 0.5 where the forecast level sits Z_HALF spreads below the top, rising
     # logistically as it closes in (calibrated on the simulator's scenario library).
-    if SCORE == "gamma":
-        touch = overflow_probability(forecast, spread, capacity, draws)
-    elif SCORE == "skew" and spread > 0 and forecast > 0:
-        z = skewed_headroom(forecast, spread, capacity)
-        touch = 1.0 / (1.0 + math.exp(max(-50.0, min(50.0, STEEPNESS * (z - Z_HALF)))))
-    elif spread > 0:
+    if spread > 0:
         z = (capacity - forecast) / spread
         touch = 1.0 / (1.0 + math.exp(max(-50.0, min(50.0, STEEPNESS * (z - Z_HALF)))))
     else:
