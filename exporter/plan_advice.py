@@ -9,6 +9,8 @@ from typing import Any
 
 from exporter.capacity.plan import Fit, Plan, Suggestion, gpu_count, why_not
 from exporter.errors import InputError
+from exporter.recommend import MAX_GPUS, Recommendation, Recommendations, describe
+from exporter.traffic import QUEUE_WAIT_QUANTILE
 
 # How each dial reads in the table, in the order the search tries them.
 _DIAL_NAMES = {
@@ -141,3 +143,76 @@ def render_fit(base: Plan, sequences: int, tokens: int, fits: Sequence[Fit]) -> 
             f"{f.plan.kv_budget_bytes / 2**30:>9,.2f} GiB"
         )
     return "\n".join(lines)
+
+
+def _held(r: Recommendation) -> str:
+    lim = r.limit
+    if lim.failed is None:
+        return f"≥ ×{lim.held:.3g}" if lim.held is not None else "?"
+    return f"×{lim.held:.3g}" if lim.held is not None else f"< ×{lim.failed:.3g}"
+
+
+def recommendation_lines(r: Recommendations, max_queue_wait: float) -> list[str]:
+    """``plan --traffic``'s recommendation: the fewest GPUs that hold the traffic."""
+    rule = f"no preemption, p{QUEUE_WAIT_QUANTILE * 100:.0f} queue wait ≤ {max_queue_wait:g} s"
+    searched = (
+        f"{r.replayed} of {r.planned} deployments replayed ({r.ruled_out} ruled out by "
+        f"arithmetic, {r.dominated} no better than one that failed), {r.wall_seconds:.1f} s"
+    )
+    if not r.found:
+        why = (
+            f"stopped after {r.replayed} replays, at {r.largest} GPUs (raise --recommend-replays)"
+            if r.capped
+            else f"none of up to {MAX_GPUS} GPUs does"
+        )
+        return ["", f"Recommended: no deployment found that holds this traffic ({rule}); {why}"]
+    lines = [
+        "",
+        f"Recommended: the fewest GPUs that hold this traffic ({rule}): {r.gpus}",
+    ]
+    descs = [describe(x.candidate) for x in r.found]
+    w = max(len(d) for d in descs)
+    lines.append(f"  {'GPUs':>4}  {'deployment':<{w}}  {'blocks':>9}  {'holds':>8}  binding")
+    for x, d in zip(r.found, descs, strict=True):
+        lines.append(
+            f"  {x.candidate.gpus:>4}  {d:<{w}}  {x.candidate.plan.cap.num_blocks:>9,}  "
+            f"{_held(x):>8}  {x.limit.binding}"
+        )
+    lines.append(f"  ({searched})")
+    return lines
+
+
+def recommendations_json(r: Recommendations) -> list[dict[str, Any]]:
+    out = []
+    for x in r.found:
+        lim = x.limit
+        out.append(
+            {
+                "change": x.candidate.change,
+                "replicas": x.candidate.replicas,
+                **_summary(x.candidate.plan),
+                "gpus": x.candidate.gpus,
+                "gpus_per_replica": gpu_count(x.candidate.plan),
+                "max_multiplier": None if lim.held is None else round(lim.held, 4),
+                "failed_multiplier": None if lim.failed is None else round(lim.failed, 4),
+                "binding_resource": lim.binding,
+                "queue_wait_seconds": {
+                    k: round(v, 3) for k, v in x.at_one.queue_wait_seconds.items()
+                },
+                "peak_kv_usage": round(x.at_one.peak_kv_usage, 4),
+            }
+        )
+    return out
+
+
+def recommendation_search_json(r: Recommendations) -> dict[str, Any]:
+    return {
+        "fewest_gpus": r.gpus,
+        "planned": r.planned,
+        "ruled_out": r.ruled_out,
+        "dominated": r.dominated,
+        "replayed": r.replayed,
+        "capped": r.capped,
+        "largest_gpu_count": r.largest,
+        "wall_seconds": round(r.wall_seconds, 3),
+    }

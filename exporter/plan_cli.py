@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -42,12 +43,16 @@ from exporter.plan_advice import (
     failure_lines,
     fit_json,
     parse_fit,
+    recommendation_lines,
+    recommendation_search_json,
+    recommendations_json,
     render_fit,
     suggestion_lines,
     suggestions_json,
 )
+from exporter.recommend import DEFAULT_MAX_REPLAYS, Recommendations, recommend
 from exporter.simulator.requestlog import ROLES
-from exporter.simulator.scenario import parse_duration
+from exporter.simulator.scenario import Scenario, parse_duration
 from exporter.sources.model_dir import load_catalogue, load_model, load_restored
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
@@ -219,6 +224,21 @@ def add_parser(sub: Any) -> None:
         f"(roles: {', '.join(ROLES)})",
     )
     p.add_argument("--traffic-time-unit", default="s", choices=("s", "ms", "us"))
+    p.add_argument(
+        "--recommend-replays",
+        metavar="N",
+        type=int,
+        default=DEFAULT_MAX_REPLAYS,
+        help="with --traffic: replay at most N candidate deployments looking for the fewest "
+        f"GPUs that hold the traffic (default {DEFAULT_MAX_REPLAYS}; 0: recommend none)",
+    )
+    p.add_argument(
+        "--recommend-gpus",
+        metavar="NAMES",
+        default="",
+        help="with --traffic: the GPUs a recommendation may use, e.g. L4,H100 (default: "
+        "the table's GPUs of the planned GPU's vendor)",
+    )
     p.add_argument(
         "--traffic-jobs",
         type=int,
@@ -436,13 +456,16 @@ def run(args: argparse.Namespace) -> int:
         return run_fit(args, result)
     alternatives = () if args.no_what_if else what_ifs(result)
     suggestions = () if args.no_what_if else what_would_work(result)
-    traffic = None
-    if args.traffic and not result.startup_failure:
-        traffic = run_traffic(args, result, alternatives)
+    traffic, recommended = run_traffic(args, result, alternatives) if args.traffic else (None, None)
     if args.output == "json":
-        print(json.dumps(plan_json(result, alternatives, traffic, suggestions), indent=2))
+        doc = plan_json(result, alternatives, traffic, suggestions)
+        if recommended is not None:
+            doc["recommendations"] = recommendations_json(recommended)
+            doc["recommendation_search"] = recommendation_search_json(recommended)
+        print(json.dumps(doc, indent=2))
     else:
-        print(render_table(result, alternatives, traffic, suggestions))
+        advice = recommendation_lines(recommended, args.max_queue_wait) if recommended else []
+        print(render_table(result, alternatives, traffic, suggestions, advice))
     if result.startup_failure:
         return EXIT_WONT_START
     if traffic is not None and traffic.base.at_one is not None and not traffic.base.at_one.held:
@@ -475,12 +498,20 @@ class TrafficReport:
 
 def run_traffic(
     args: argparse.Namespace, result: Plan, alternatives: Sequence[WhatIf]
-) -> TrafficReport:
-    """The traffic through the planned deployment, then through each what-if."""
+) -> tuple[TrafficReport | None, Recommendations | None]:
+    """The traffic through the planned deployment (where it starts), then through each
+    what-if, then the search for the fewest GPUs that hold it (unless --no-what-if)."""
     if not 0 < args.traffic_precision < 1:
         raise InputError("--traffic-precision", "", args.traffic_precision, "must be in (0, 1)")
     if args.traffic_jobs < 1:
         raise InputError("--traffic-jobs", "", args.traffic_jobs, "must be at least 1")
+    if args.recommend_replays < 0:
+        raise InputError("--recommend-replays", "", args.recommend_replays, "must be 0 or more")
+    gpus = [
+        resolve_gpu(name, "--recommend-gpus").gpu
+        for name in args.recommend_gpus.split(",")
+        if name.strip()
+    ]
     started = time.perf_counter()
     traffic, scenario = load_traffic(
         args.traffic,
@@ -503,28 +534,59 @@ def run_traffic(
             "precision": args.traffic_precision,
             "jobs": args.traffic_jobs,
         }
-        base = assess_traffic(
-            traffic, engine_at(result, scenario), label="as planned", say=say, **common
-        )
-        alts: dict[str, Headroom] = {}
-        for w in alternatives:
-            if w.plan is not None and not w.plan.startup_failure:
-                alts[w.label] = assess_traffic(
-                    traffic,
-                    engine_at(w.plan, scenario),
-                    label=w.label,
-                    guess=what_if_guess(base, result, w.plan),
-                    say=say,
-                    report_at_one=False,
-                    **common,
-                )
+        report = None
+        if not result.startup_failure:
+            base = assess_traffic(
+                traffic, engine_at(result, scenario), label="as planned", say=say, **common
+            )
+            alts = _assess_alternatives(traffic, scenario, result, base, alternatives, say, common)
+            report = TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, 0.0)
+        recommended = None
+        if not args.no_what_if and args.recommend_replays > 0:
+            recommended = recommend(
+                result,
+                traffic,
+                scenario,
+                max_queue_wait=args.max_queue_wait,
+                precision=args.traffic_precision,
+                max_replays=args.recommend_replays,
+                gpus=gpus or None,
+                say=say,
+            )
         wall = time.perf_counter() - started
         if say is not None:
             say(f"{len(traffic.base):,} requests from {args.traffic} replayed in {wall:.1f} s")
     finally:
         if say is not None:
             say.close()
-    return TrafficReport(args.traffic, traffic, args.max_queue_wait, base, alts, wall)
+    if report is not None:
+        report = dataclasses.replace(report, wall_seconds=wall)
+    return report, recommended
+
+
+def _assess_alternatives(
+    traffic: Traffic,
+    scenario: Scenario,
+    result: Plan,
+    base: Headroom,
+    alternatives: Sequence[WhatIf],
+    say: StatusLine | None,
+    common: dict[str, Any],
+) -> dict[str, Headroom]:
+    """Each what-if that starts, on the same traffic."""
+    alts: dict[str, Headroom] = {}
+    for w in alternatives:
+        if w.plan is not None and not w.plan.startup_failure:
+            alts[w.label] = assess_traffic(
+                traffic,
+                engine_at(w.plan, scenario),
+                label=w.label,
+                guess=what_if_guess(base, result, w.plan),
+                say=say,
+                report_at_one=False,
+                **common,
+            )
+    return alts
 
 
 def what_if_guess(base: Headroom, planned: Plan, alternative: Plan) -> float | None:
@@ -723,6 +785,7 @@ def render_table(
     alternatives: Sequence[WhatIf] = (),
     traffic: TrafficReport | None = None,
     suggestions: Sequence[Suggestion] = (),
+    recommended: Sequence[str] = (),
 ) -> str:
     req, t, arch, src = p.request, p.tightest, p.request.arch, p.sources
     tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
@@ -794,6 +857,7 @@ def render_table(
         lines.append(f"note: {note}")
     if traffic is not None:
         lines += traffic_lines(traffic)
+    lines += recommended
     lines += suggestion_lines(p, suggestions)
     if alternatives:
         lines += ["", "What if"]

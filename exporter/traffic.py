@@ -601,3 +601,36 @@ def _why(outcome: Outcome, bound: float) -> str:
         when = outcome.first_preemption_seconds or 0.0
         return f"preempted at {when / 60:.1f} min"
     return f"p95 queue wait {outcome.queue_wait_seconds['p95']:.1f} s > {bound:g} s"
+
+
+def split_traffic(traffic: Traffic, replicas: int) -> tuple[Traffic, ...]:
+    """The traffic as ``replicas`` engines behind a round-robin router get it: requests
+    dealt in arrival order, a conversation's turns kept on the replica of its first
+    (sticky sessions: its prefix cache is there). Each share keeps its requests' draws,
+    so a share at ``m`` is what its replica gets of the whole at ``m`` (a copy goes where
+    its original went)."""
+    if replicas <= 1:
+        return (traffic,)
+    owner: dict[int, int] = {}
+    members: list[list[int]] = [[] for _ in range(replicas)]
+    turn = 0
+    for i, a in enumerate(traffic.base):
+        if _conversation(a) and a.prefix_key in owner:
+            r = owner[a.prefix_key]
+        else:
+            r, turn = turn, (turn + 1) % replicas
+            if _conversation(a):
+                assert a.prefix_key is not None
+                owner[a.prefix_key] = r
+        members[r].append(i)
+    return tuple(
+        Traffic(
+            f"{traffic.name} ({r + 1}/{replicas})",
+            tuple(traffic.base[i] for i in ix),
+            traffic.span,
+            traffic.seed,
+            tuple(traffic.keep[i] for i in ix),
+            tuple(traffic.shift[i] for i in ix),
+        )
+        for r, ix in enumerate(members)
+    )

@@ -21,6 +21,7 @@ from exporter.traffic import (
     parallel_replays,
     replay,
     search,
+    split_traffic,
 )
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "mooncake-conversation-10m.jsonl"
@@ -242,3 +243,21 @@ def test_a_what_if_search_from_a_guess_does_not_replay_one_times_the_traffic() -
     assert headroom.at_one is None
     assert 1.0 not in [p.multiplier for p in headroom.limit.probes]
     assert headroom.limit.held is not None
+
+
+def test_replicas_share_the_requests_round_robin_and_a_conversation_stays_on_one() -> None:
+    talk = [
+        Arrival(float(i), 100 + 50 * i, 10, prefix_key=7, cache_len=200 + 50 * i) for i in range(4)
+    ]
+    alone = [Arrival(i + 0.5, 100, 10) for i in range(4)]
+    traffic = Traffic.of("t", sorted(talk + alone, key=lambda a: a.time), seed=1)
+    shares = split_traffic(traffic, 2)
+    assert sum(len(s.base) for s in shares) == len(traffic.base)
+    owners = {i for i, s in enumerate(shares) for a in s.base if a.prefix_key == 7}
+    assert len(owners) == 1  # every turn where the first went
+    # A first turn takes its turn in the deal; the rest of the conversation follows it.
+    assert [len(s.base) for s in shares] == [6, 2]
+    # A share at 2× is its replica's part of the whole at 2×.
+    whole = sorted((a.time, a.prompt) for a in traffic.at(2.0))
+    parts = sorted((a.time, a.prompt) for s in shares for a in s.at(2.0))
+    assert parts == whole

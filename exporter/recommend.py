@@ -1,0 +1,371 @@
+"""``plan --traffic``'s recommendation: the deployments with the fewest GPUs that hold a
+request log — GPU of the table × tensor-parallel size × replicas × ``max_num_seqs`` × KV
+dtype — each with the largest multiple of the log it holds and what binds it.
+
+A deployment *holds* the log as ``plan --traffic`` says (``exporter/traffic.py``): its 1×
+replay never preempts and keeps the p95 queue wait within the bound. R replicas each
+replay their share of the log: the requests dealt round-robin in arrival order, a
+conversation's turns kept on the replica of its first (sticky sessions, so its prefix
+cache is where its next turn lands); the deployment holds when every replica does.
+
+Replays are slow, so the search is pruned, cheapest first:
+
+* candidates go by GPU count (TP × PP × replicas), and within a count by the GPU's memory
+  (smallest first), the model's own KV dtype before fp8 (tried only where the model's own
+  did not hold), fewer TP (more replicas) first;
+* every candidate is planned (the arithmetic of ``plan``; a deployment vLLM would refuse is
+  dropped), then checked against lower bounds on the work the log brings a replica, with no
+  replay: prefill of the tokens no earlier request could have cached, a step of at least
+  the weights' read per ``max_num_seqs`` tokens decoded, and each prompt held in the cache
+  for at least its decode; a replica busier than the log's span (plus the bound) on any of
+  them cannot hold it;
+* a candidate no better than one that failed on every count (no more replicas, blocks or
+  batched tokens, the same ``max_num_seqs``, no faster step) is skipped;
+* ``max_num_seqs`` other than the default is tried only where the default failed, in the
+  direction its failure points: twice it when requests waited on the cap, half when the
+  cache preempted (fewer sequences to grow);
+* the search stops at the first GPU count where a deployment holds (after at most
+  ``RECOMMENDATIONS`` holders there), or after ``max_replays`` candidates replayed.
+
+Then each deployment that holds gets the search for its largest multiple (from its 1×
+replay). Pure apart from running the simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exporter.capacity.gpus import Gpu
+from exporter.capacity.plan import Plan, _same_vendor, _tp_sizes, gpu_count, replan
+from exporter.errors import InputError
+from exporter.simulator.engine import EngineConfig
+from exporter.simulator.scenario import Scenario
+from exporter.traffic import (
+    DEFAULT_MAX_QUEUE_WAIT,
+    DEFAULT_PRECISION,
+    Limit,
+    Outcome,
+    Traffic,
+    engine_at,
+    replay,
+    search,
+    split_traffic,
+)
+
+RECOMMENDATIONS = 3  # deployments shown, at the fewest GPUs that hold
+DEFAULT_MAX_REPLAYS = 24  # candidates replayed at 1× before the search gives up
+MAX_GPUS = 64  # the largest deployment considered (GPUs in all)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One deployment: ``replicas`` copies of a planned engine."""
+
+    plan: Plan
+    replicas: int
+    change: str  # the flags of one replica: --gpu, --tensor-parallel-size, …
+    config: EngineConfig
+
+    @property
+    def gpus(self) -> int:
+        return gpu_count(self.plan) * self.replicas
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    candidate: Candidate
+    at_one: Outcome
+    limit: Limit
+
+
+@dataclass(frozen=True)
+class Recommendations:
+    found: tuple[Recommendation, ...]  # fewest GPUs first; empty when none held
+    planned: int  # candidates that start, up to the count searched
+    ruled_out: int  # by the lower bounds, without a replay
+    dominated: int  # skipped: no better than one that failed
+    replayed: int  # replayed at 1×
+    capped: bool  # the replay cap stopped the search before a count held
+    largest: int  # the largest GPU count searched
+    wall_seconds: float
+
+    @property
+    def gpus(self) -> int | None:
+        return self.found[0].candidate.gpus if self.found else None
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Lower bounds on what the log asks of an engine, summed over its requests at 1×."""
+
+    prefill_tokens: int  # prompt tokens no earlier request could have left in a cache
+    decode_tokens: int  # output tokens, every sample
+    kv_token_decodes: int  # Σ prompt tokens held × output tokens: cache × decode steps
+    window: float  # seconds they arrive in, plus the queue bound
+
+    @classmethod
+    def of(cls, traffic: Traffic, max_queue_wait: float) -> Demand:
+        seen: set[int] = set()
+        prefill = decode = held = 0
+        for a in traffic.base:
+            if a.block_hashes:
+                fresh = sum(1 for h in a.block_hashes if h not in seen)
+                seen.update(a.block_hashes)
+                cached = (len(a.block_hashes) - fresh) * a.hash_tokens
+                own = max(0, a.prompt - cached)
+            else:
+                own = max(0, a.prompt - a.prefix_len)
+            prefill += own
+            decode += a.n * a.generation
+            held += a.n * own * a.generation
+        return cls(prefill, decode, held, traffic.span + max_queue_wait)
+
+    def load(self, config: EngineConfig, replicas: int) -> float:
+        """The busiest of compute and cache a replica's share needs, as a share of the
+        window; 1 or more cannot hold."""
+        window = max(self.window, 1e-9) * replicas
+        steps = self.decode_tokens / max(config.max_num_seqs, 1)
+        compute = self.prefill_tokens * config.per_prefill_token_s + steps * config.step_base_s
+        tokens = config.num_blocks * config.block_size
+        cache = self.kv_token_decodes * config.step_base_s / max(tokens, 1)
+        return max(compute, cache) / window
+
+
+def _no_better(c: Candidate, failed: Candidate) -> bool:
+    """``c`` is no better than ``failed`` on anything a replay depends on."""
+    a, b = c.config, failed.config
+    return (
+        c.replicas <= failed.replicas
+        and a.max_num_seqs == b.max_num_seqs
+        and a.block_size == b.block_size
+        and a.max_model_len == b.max_model_len
+        and a.enable_prefix_caching == b.enable_prefix_caching
+        and a.num_blocks <= b.num_blocks
+        and a.max_num_batched_tokens <= b.max_num_batched_tokens
+        and a.step_base_s >= b.step_base_s
+        and a.per_prefill_token_s >= b.per_prefill_token_s
+        and a.per_kv_token_s >= b.per_kv_token_s
+    )
+
+
+def _combine(multiplier: float, outcomes: Sequence[Outcome]) -> Outcome:
+    """The replicas' replays as one: held when all held; figures of the worst replica."""
+    worst = max(outcomes, key=lambda o: (not o.held, o.queue_wait_seconds.get("p95", 0.0)))
+    firsts = [o.first_preemption_seconds for o in outcomes if o.first_preemption_seconds]
+    waiting: dict[str, float] = {}
+    for o in outcomes:
+        for reason, seconds in o.waiting_seconds.items():
+            waiting[reason] = waiting.get(reason, 0.0) + seconds
+    return dataclasses.replace(
+        worst,
+        multiplier=multiplier,
+        sequences=sum(o.sequences for o in outcomes),
+        preemptions=sum(o.preemptions for o in outcomes),
+        first_preemption_seconds=min(firsts) if firsts else None,
+        peak_kv_usage=max(o.peak_kv_usage for o in outcomes),
+        p95_kv_usage=max(o.p95_kv_usage for o in outcomes),
+        waiting_seconds=waiting if worst.held else worst.waiting_seconds,
+        wall_seconds=sum(o.wall_seconds for o in outcomes),
+        held=all(o.held for o in outcomes),
+    )
+
+
+def _flags(p: Plan, base: Plan) -> str:
+    req = p.request
+    flags = [f"--gpu {req.gpu.name}", f"--tensor-parallel-size {req.tensor_parallel_size}"]
+    if req.pipeline_parallel_size > 1:
+        flags.append(f"--pipeline-parallel-size {req.pipeline_parallel_size}")
+    if req.kv_cache_dtype != base.request.kv_cache_dtype:
+        flags.append(f"--kv-cache-dtype {req.kv_cache_dtype}")
+    if req.max_num_seqs is not None:  # given, or tried beside vLLM's default for the GPU
+        flags.append(f"--max-num-seqs {p.max_num_seqs}")
+    return " ".join(flags)
+
+
+def describe(c: Candidate) -> str:
+    """One deployment as a user would write it down."""
+    if c.replicas == 1:
+        return c.change
+    return f"{c.replicas} replicas × {c.change}"
+
+
+class _Planner:
+    """Plans of one replica, each made once: (GPU, TP, KV dtype, max_num_seqs)."""
+
+    def __init__(self, base: Plan, scenario: Scenario | None) -> None:
+        self.base = base
+        self.scenario = scenario
+        self.plans: dict[tuple[str, int, str, int | None], Plan | None] = {}
+        self.configs: dict[int, EngineConfig] = {}
+
+    def plan(self, gpu: Gpu, tp: int, kv: str, max_num_seqs: int | None) -> Plan | None:
+        key = (gpu.name, tp, kv, max_num_seqs)
+        if key not in self.plans:
+            changes: dict[str, object] = {
+                "gpu": gpu,
+                "tensor_parallel_size": tp,
+                "kv_cache_dtype": kv,
+            }
+            if max_num_seqs is not None:
+                changes["max_num_seqs"] = max_num_seqs
+            try:
+                p: Plan | None = replan(self.base, **changes)
+            except InputError:
+                p = None
+            if p is not None and (p.startup_failure is not None or not p.cap.num_blocks):
+                p = None
+            self.plans[key] = p
+        return self.plans[key]
+
+    def candidate(self, p: Plan, replicas: int) -> Candidate:
+        config = self.configs.get(id(p))
+        if config is None:
+            config = self.configs[id(p)] = engine_at(p, self.scenario)
+        return Candidate(p, replicas, _flags(p, self.base), config)
+
+
+def recommend(
+    base: Plan,
+    traffic: Traffic,
+    scenario: Scenario | None = None,
+    *,
+    max_queue_wait: float = DEFAULT_MAX_QUEUE_WAIT,
+    precision: float = DEFAULT_PRECISION,
+    max_replays: int = DEFAULT_MAX_REPLAYS,
+    gpus: Sequence[Gpu] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Recommendations:
+    """The deployments with the fewest GPUs that hold ``traffic`` (see the module's doc);
+    ``gpus`` are those to choose from (default: the table's, of the planned GPU's vendor)."""
+    started = time.perf_counter()
+    req = base.request
+    pool = sorted(gpus or _same_vendor(req.gpu), key=lambda g: (g.total_bytes, g.name))
+    if req.gpu.name not in {g.name for g in pool} and gpus is None:
+        pool.insert(0, req.gpu)  # a GPU given by its size is one the user has
+    pp = req.pipeline_parallel_size
+    try:
+        own_kv = replan(base, kv_cache_dtype="auto").kv_dtype_bytes
+    except InputError:
+        own_kv = 2.0
+    kv_dtypes = ("auto", "fp8") if own_kv > 1 else ("auto",)
+    planner = _Planner(base, scenario)
+    demand = Demand.of(traffic, max_queue_wait)
+    shares: dict[int, tuple[Traffic, ...]] = {}
+    failed: list[Candidate] = []
+    found: list[tuple[Candidate, Outcome]] = []
+    planned = ruled_out = dominated = replayed = 0
+    largest = 0
+
+    def replay_at(c: Candidate, multiplier: float) -> Outcome:
+        parts = shares.get(c.replicas)
+        if parts is None:
+            parts = shares[c.replicas] = split_traffic(traffic, c.replicas)
+        # The busiest share first: where it fails, the others need no replay.
+        order = sorted(parts, key=lambda t: -sum(a.prompt + a.generation for a in t.base))
+        outcomes = []
+        for share in order:
+            outcomes.append(replay(share, c.config, multiplier, max_queue_wait=max_queue_wait))
+            if not outcomes[-1].held:
+                break
+        return _combine(multiplier, outcomes)
+
+    def attempt(c: Candidate) -> Outcome | None:
+        """The 1× replay of ``c``, or None when it was ruled out without one."""
+        nonlocal planned, ruled_out, dominated, replayed
+        planned += 1
+        if demand.load(c.config, c.replicas) >= 1:
+            ruled_out += 1
+            return None
+        if any(_no_better(c, f) for f in failed):
+            dominated += 1
+            return None
+        replayed += 1
+        if say is not None:
+            say(f"recommending: {c.gpus} GPUs · {describe(c)} · replay {replayed}")
+        outcome = replay_at(c, 1.0)
+        if not outcome.held:
+            failed.append(c)
+        return outcome
+
+    capped = False
+    for n in range(1, MAX_GPUS + 1):
+        if found or capped:
+            break
+        largest = n
+        for gpu in pool:
+            if len(found) >= RECOMMENDATIONS or capped:
+                break
+            for tp in _tp_sizes(req.arch):
+                if n % (tp * pp) or capped:
+                    continue
+                replicas = n // (tp * pp)
+                for kv in kv_dtypes:
+                    if replayed >= max_replays:
+                        capped = True
+                        break
+                    held = _try_batches(planner, attempt, gpu, tp, kv, replicas)
+                    if held is not None:
+                        found.append(held)
+                        break  # fp8 only where the model's own KV dtype did not hold
+                if len(found) >= RECOMMENDATIONS:
+                    break
+
+    out: list[Recommendation] = []
+    for c, first in found:
+
+        def evaluate(m: float, c: Candidate = c, first: Outcome = first) -> Outcome:
+            if m == 1.0:
+                return first
+            if say is not None:
+                say(f"recommending: {c.gpus} GPUs · {describe(c)} · ×{m:.3g}")
+            return replay_at(c, m)
+
+        out.append(Recommendation(c, first, search(evaluate, precision=precision)))
+    return Recommendations(
+        found=tuple(out),
+        planned=planned,
+        ruled_out=ruled_out,
+        dominated=dominated,
+        replayed=replayed,
+        capped=capped and not out,
+        largest=largest,
+        wall_seconds=time.perf_counter() - started,
+    )
+
+
+def _try_batches(
+    planner: _Planner,
+    attempt: Callable[[Candidate], Outcome | None],
+    gpu: Gpu,
+    tp: int,
+    kv: str,
+    replicas: int,
+) -> tuple[Candidate, Outcome] | None:
+    """The deployment at the default ``max_num_seqs`` (the one given, else vLLM's for the
+    GPU); where it fails, once more at twice or half of it, as its failure points."""
+    given = planner.base.request.max_num_seqs
+    p = planner.plan(gpu, tp, kv, given)
+    if p is None:
+        return None
+    c = planner.candidate(p, replicas)
+    outcome = attempt(c)
+    if outcome is not None and outcome.held:
+        return c, outcome
+    if outcome is None:
+        return None  # ruled out: too busy or no better than a failure, whatever the batch
+    other = None
+    if outcome.binding == "max_num_seqs":
+        other = p.max_num_seqs * 2
+    elif outcome.binding == "kv_cache" and p.max_num_seqs > 1:
+        other = p.max_num_seqs // 2
+    if other is None:
+        return None
+    q = planner.plan(gpu, tp, kv, other)
+    if q is None:
+        return None
+    c = planner.candidate(q, replicas)
+    outcome = attempt(c)
+    return (c, outcome) if outcome is not None and outcome.held else None

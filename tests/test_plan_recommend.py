@@ -1,0 +1,126 @@
+"""``kv-headroom plan --traffic``'s recommendation: the fewest GPUs that hold a log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.cli import main
+
+PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
+COARSE = ["--traffic-precision", "0.2"]  # the multiples' search: a few probes, not a dozen
+
+
+def write_log(folder: Path, prompt: int = 3000, rate: float = 4.0) -> Path:
+    """A gateway's log (its own column names): 60 requests, ``rate`` a second. At 3k-token
+    prompts, 4 a second, one L4 falls behind (its p95 queue wait passes 5 s)."""
+    rows = ["timestamp,prompt_tokens,output_tokens"]
+    rows += [f"{i / rate:.3f},{prompt + 37 * (i % 11)},{120 + 13 * (i % 7)}" for i in range(60)]
+    path = folder / "gateway.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    code = main([*PLAN, *COARSE, *args, "--output", "json"])
+    out, _ = capsys.readouterr()
+    return code, json.loads(out)
+
+
+def test_a_log_the_planned_deployment_does_not_hold_gets_one_that_does(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = str(write_log(tmp_path))
+    code, doc = plan(capsys, "--traffic", log)
+    assert code == 1
+    assert doc["traffic"]["replay"]["held"] is False
+    best = doc["recommendations"][0]
+    assert best["replicas"] == 1
+    # Planned as recommended, the same log holds at 1×, and the plan exits 0.
+    flags = best["change"].split()
+    code, again = plan(capsys, *flags, "--traffic", log, "--no-what-if")
+    assert code == 0
+    assert again["traffic"]["replay"]["held"] is True
+
+
+def test_the_fewest_gpus_win_over_the_smaller_gpu(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = str(write_log(tmp_path))
+    _, only_l4 = plan(capsys, "--traffic", log, "--recommend-gpus", "L4")
+    _, with_h100 = plan(capsys, "--traffic", log, "--recommend-gpus", "L4,H100")
+    # L4s alone need several; one H100 holds it, so the H100 is the answer.
+    assert only_l4["recommendation_search"]["fewest_gpus"] > 1
+    assert {r["gpu"] for r in only_l4["recommendations"]} == {"L4"}
+    assert [r["gpus"] for r in with_h100["recommendations"]] == [1]
+    assert with_h100["recommendations"][0]["gpu"] == "H100-80GB"
+
+
+def test_every_recommendation_has_the_fewest_gpus_its_multiple_and_what_binds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, doc = plan(capsys, "--traffic", str(write_log(tmp_path)), "--recommend-gpus", "L4")
+    recs = doc["recommendations"]
+    fewest = doc["recommendation_search"]["fewest_gpus"]
+    assert recs
+    for r in recs:
+        assert r["gpus"] == fewest == r["replicas"] * r["tensor_parallel_size"]
+        assert r["max_multiplier"] >= 1
+        assert r["binding_resource"] in ("kv_cache", "compute", "max_num_seqs")
+        assert r["queue_wait_seconds"]["p95"] <= 5
+
+
+def test_the_planned_deployment_that_holds_exits_0_beside_its_recommendation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, doc = plan(capsys, "--traffic", str(write_log(tmp_path, prompt=600, rate=1.0)))
+    assert code == 0
+    assert doc["recommendations"][0]["gpus"] == 1
+
+
+def test_the_table_lists_the_recommendation_before_the_what_ifs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main([*PLAN, *COARSE, "--traffic", str(write_log(tmp_path)), "--recommend-gpus", "L4"])
+    out, _ = capsys.readouterr()
+    assert code == 1
+    section = out.split("\nRecommended: ", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert section[0].startswith("the fewest GPUs that hold this traffic (no preemption")
+    assert section[1].split() == ["GPUs", "deployment", "blocks", "holds", "binding"]
+    assert "--gpu L4" in section[2]
+    assert section[-1].startswith("  (")
+    assert "replayed" in section[-1]
+    assert out.index("Recommended:") < out.index("What if")
+
+
+def test_a_search_out_of_replays_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(
+        [
+            *PLAN,
+            *COARSE,
+            "--traffic",
+            str(write_log(tmp_path)),
+            "--recommend-gpus",
+            "L4",
+            "--recommend-replays",
+            "1",
+        ]
+    )
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert "Recommended: no deployment found" in out
+    assert "(raise --recommend-replays)" in out
+
+
+def test_no_recommendation_without_what_ifs_or_replays(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    log = str(write_log(tmp_path))
+    for flag in (["--no-what-if"], ["--recommend-replays", "0"]):
+        _, doc = plan(capsys, "--traffic", log, *flag)
+        assert "recommendations" not in doc
