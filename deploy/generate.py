@@ -14,6 +14,12 @@ points those links at your copy of rules/RUNBOOK.md (a fork, a wiki) in the gene
 PrometheusRules, so nobody patches the rule files with ``sed``:
 
     python deploy/generate.py --runbook-base-url https://wiki.example.com/kv-headroom-runbook
+
+The sidecar's scrape job is yours too: ``--sidecar-selector`` sets the matchers the two
+sidecar-health alerts select ``up`` by (rules/generate.py says how; default
+``job=~".*kv-headroom.*"``, which leaves the generated files as committed):
+
+    python deploy/generate.py --sidecar-selector 'job="llm/kv-sidecar"'
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+if __package__ in (None, ""):  # run as a script: the repository root holds rules/
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rules.generate import SIDECAR_SELECTOR, RenderError, render
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes" / "generated"
@@ -109,16 +120,24 @@ def dashboard_files(dashboards_dir: Path) -> list[Path]:
     return sorted((p for p in dashboards_dir.glob("*.json") if p.is_file()), key=lambda p: p.name)
 
 
-def load_groups(path: Path) -> list[Any] | None:
-    """The rule groups of a rule file; None for a promtool test file, which is not rules."""
+def load_groups(path: Path, sidecar_selector: str = SIDECAR_SELECTOR) -> list[Any] | None:
+    """The rule groups of a rule file, rendered with the sidecar selector (rules/generate.py);
+    None for a promtool test file, which is not rules."""
+    text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise GenerateError(f"{_relative(path)}: invalid YAML: {e}") from None
     if isinstance(data, dict) and "groups" not in data and {"rule_files", "tests"} & set(data):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
         raise GenerateError(f"{_relative(path)}: expected a mapping with a list under 'groups'")
+    try:
+        out = render(text, sidecar_selector=sidecar_selector, source=_relative(path))
+    except RenderError as e:
+        raise GenerateError(str(e)) from None
+    if out != text:
+        data = yaml.safe_load(out)
     groups: list[Any] = data["groups"]
     return groups
 
@@ -184,7 +203,10 @@ def dashboard_configmap(path: Path) -> dict[str, Any]:
 
 
 def generate(
-    rules_dir: Path, dashboards_dir: Path, runbook_base: str = RUNBOOK_BASE
+    rules_dir: Path,
+    dashboards_dir: Path,
+    runbook_base: str = RUNBOOK_BASE,
+    sidecar_selector: str = SIDECAR_SELECTOR,
 ) -> list[Output]:
     """Every generated file, kustomization.yaml last; raises GenerateError on bad input."""
     outputs: list[Output] = []
@@ -200,7 +222,7 @@ def generate(
         outputs.append(Output(file_name, HEADER.format(source=_relative(source)) + _dump(obj)))
 
     for path in rule_files(rules_dir):
-        groups = load_groups(path)
+        groups = load_groups(path, sidecar_selector)
         if groups is not None:
             groups = with_runbook_base(path, groups, runbook_base.rstrip("/"))
             add("prometheusrule", path, prometheus_rule(path, groups))
@@ -255,9 +277,16 @@ def main(argv: list[str] | None = None) -> int:
         default=RUNBOOK_BASE,
         help="where alerts' runbook_url links point, before #<alert>; default: %(default)s",
     )
+    parser.add_argument(
+        "--sidecar-selector",
+        default=SIDECAR_SELECTOR,
+        help="the matchers that select the sidecar's scrape job in up{...}; default: %(default)s",
+    )
     args = parser.parse_args(argv)
     try:
-        outputs = generate(args.rules, args.dashboards, args.runbook_base_url)
+        outputs = generate(
+            args.rules, args.dashboards, args.runbook_base_url, args.sidecar_selector
+        )
     except GenerateError as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,137 @@
+"""Render the rule files for your site: ``rules/*.rules.yml`` are the rendering with the defaults.
+
+    python rules/generate.py --out my-rules/ --sidecar-selector 'job="llm/kv-sidecar"'
+
+In the monitoring-mixin shape (kubernetes-mixin's ``_config`` selectors): what the rules
+cannot know about your Prometheus is a parameter with a default, and the committed files
+are written with the defaults, so they load as they are, and a rendering without
+parameters is the committed file byte for byte. The parameter:
+
+``sidecar_selector``
+    The label matchers that pick the sidecar's own scrape job out of ``up``, in
+    ``KvHeadroomSidecarDown`` and ``KvHeadroomSidecarAbsent`` (the expression and the
+    description that quotes it). Default ``job=~".*kv-headroom.*"``: a job with
+    ``kv-headroom`` in its name, as a PodMonitor called ``kv-headroom`` gives. The sidecar's
+    ``kv_headroom_*`` series and vLLM's ``vllm:*`` series need none: their names are theirs.
+
+``deploy/generate.py --sidecar-selector`` renders the PrometheusRules the same way. Every
+``up{...}`` in a rule file must be written with the default selector: one written otherwise
+would stay as written whatever the parameter says, so it is refused, naming file and line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["SIDECAR_SELECTOR", "RenderError", "main", "render", "rendered", "rule_files"]
+
+HERE = Path(__file__).resolve().parent
+SIDECAR_SELECTOR = 'job=~".*kv-headroom.*"'
+# `up` and only `up`: kv_headroom_source_up{...} has a word character before "up".
+_UP = re.compile(r"\bup\{([^{}]*)\}")
+
+
+class RenderError(Exception):
+    """A rule file or a parameter that cannot be rendered; the message is one line."""
+
+
+def check_selector(selector: str) -> str:
+    """The selector as given, or RenderError: label matchers that fit inside ``up{...}``."""
+    if not selector.strip():
+        raise RenderError("--sidecar-selector is empty: up{} selects nothing in PromQL")
+    if any(c in selector for c in "{}\n"):
+        raise RenderError(
+            f"--sidecar-selector {selector!r}: give the matchers inside the braces, one line, "
+            'as in job="llm/kv-sidecar"'
+        )
+    return selector
+
+
+def _replaced(value: Any, selector: str) -> Any:
+    """A loaded rule file with the selector replaced in every string, to check the text."""
+    if isinstance(value, str):
+        return value.replace(f"up{{{SIDECAR_SELECTOR}}}", f"up{{{selector}}}")
+    if isinstance(value, list):
+        return [_replaced(v, selector) for v in value]
+    if isinstance(value, dict):
+        return {k: _replaced(v, selector) for k, v in value.items()}
+    return value
+
+
+def render(text: str, *, sidecar_selector: str = SIDECAR_SELECTOR, source: str = "rules") -> str:
+    """A rule file's text with the parameters applied; ``text`` itself for the defaults.
+
+    The text is rewritten, not the loaded YAML, so comments and layout stay; the result is
+    loaded again and must equal the loaded file with the selector replaced in its strings
+    (a selector YAML would read otherwise is refused)."""
+    for m in _UP.finditer(text):
+        if m.group(1) != SIDECAR_SELECTOR:
+            line = text.count("\n", 0, m.start()) + 1
+            raise RenderError(
+                f"{source}:{line}: up{{{m.group(1)}}} is not written up{{{SIDECAR_SELECTOR}}}, "
+                "so --sidecar-selector would not reach it"
+            )
+    if sidecar_selector == SIDECAR_SELECTOR:
+        return text
+    check_selector(sidecar_selector)
+    out = _UP.sub(lambda _: f"up{{{sidecar_selector}}}", text)
+    try:
+        same = yaml.safe_load(out) == _replaced(yaml.safe_load(text), sidecar_selector)
+    except yaml.YAMLError:
+        same = False
+    if not same:
+        raise RenderError(
+            f"{source}: --sidecar-selector {sidecar_selector!r} does not survive YAML "
+            "unchanged in this file"
+        )
+    return out
+
+
+def rule_files(rules_dir: Path = HERE) -> list[Path]:
+    """The rule files: ``*.rules.yml`` in rules_dir (promtool's tests are in tests/)."""
+    return sorted(rules_dir.glob("*.rules.yml"))
+
+
+def rendered(rules_dir: Path = HERE, *, sidecar_selector: str = SIDECAR_SELECTOR) -> dict[str, str]:
+    """Each rule file's name and its rendered text."""
+    return {
+        path.name: render(
+            path.read_text(encoding="utf-8"), sidecar_selector=sidecar_selector, source=path.name
+        )
+        for path in rule_files(rules_dir)
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rules", type=Path, default=HERE, help="default: rules/")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write them to")
+    parser.add_argument(
+        "--sidecar-selector",
+        default=SIDECAR_SELECTOR,
+        help="the matchers that select the sidecar's scrape job in up{...}; default: %(default)s",
+    )
+    args = parser.parse_args(argv)
+    try:
+        files = rendered(args.rules, sidecar_selector=args.sidecar_selector)
+    except RenderError as e:
+        print(f"generate.py: {e}", file=sys.stderr)
+        return 2
+    if not files:
+        print(f"generate.py: no *.rules.yml in {args.rules}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (args.out / name).write_text(text, encoding="utf-8")
+    print(f"wrote {len(files)} rule files to {args.out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
