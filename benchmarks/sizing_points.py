@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exporter.capacity.arch import parse_config
@@ -25,6 +25,8 @@ from exporter.sources.model_dir import load_model
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = ROOT / "tests" / "fixtures" / "sizing" / "vllm_startup_points.csv"
 CONFIGS = ROOT / "tests" / "fixtures" / "models"
+# Configs of public start-ups whose checkpoint is not in the catalogue (README.md beside the CSV).
+STARTUP_CONFIGS = POINTS.parent / "configs"
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,10 @@ def _config_dir(model: str) -> Path:
     captured = POINTS.parent / model
     if captured.is_dir():
         return captured
-    return CONFIGS / model.replace("/", "__")
+    folder = model.replace("/", "__")
+    if (STARTUP_CONFIGS / folder).is_dir():
+        return STARTUP_CONFIGS / folder
+    return CONFIGS / folder
 
 
 def _int(text: str) -> int | None:
@@ -85,11 +90,13 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
     points = []
     with path.open(newline="", encoding="utf-8") as f:
         for i, row in enumerate(csv.DictReader(f), start=2):
-            m = re.search(r"dtype=(\w+)", row["notes"])
+            m = re.search(r"\bdtype=(auto|bfloat16|float16|float32)\b", row["notes"])
             dtype = m.group(1) if m else "auto"
             source = load_model(str(_config_dir(row["model"])))
             arch = parse_config(source.config, source.config_path, dtype=dtype, name=row["model"])
             gpu = lookup_gpu(row["gpu"])
+            if row.get("gpu_family"):  # a GPU given by its size: what the log says it is
+                gpu = replace(gpu, family=row["gpu_family"])
             if row["gpu_mem_gib"]:
                 assert round(gpu.total_bytes / GIB, 2) == float(row["gpu_mem_gib"]), row["gpu"]
             printed_kv_bytes = round(float(row["reported_kv_cache_gib"]) * GIB)
@@ -106,6 +113,7 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 block_size=int(row["block_size"]) if row["block_size"] else None,
                 max_model_len=int(row["max_model_len"]),
                 max_num_batched_tokens=_int(row.get("max_num_batched_tokens") or ""),
+                max_num_seqs=_int(row.get("max_num_seqs") or ""),
                 quantization=row["quantization"] or None,
                 # On CPU the figure is the deployment's setting (VLLM_CPU_KVCACHE_SPACE).
                 kv_cache_memory_bytes=printed_kv_bytes if gpu.platform == "cpu" else None,
