@@ -28,7 +28,8 @@ Replays are slow, so the search is pruned, cheapest first:
   ``RECOMMENDATIONS`` holders there), or after ``max_replays`` candidates replayed.
 
 Then each deployment that holds gets the search for its largest multiple (from its 1×
-replay). Pure apart from running the simulator.
+replay); they are listed fewest GPUs first, then the smallest GPU, then the most headroom.
+Pure apart from running the simulator.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from exporter.traffic import (
 )
 
 RECOMMENDATIONS = 3  # deployments shown, at the fewest GPUs that hold
-DEFAULT_MAX_REPLAYS = 24  # candidates replayed at 1× before the search gives up
+DEFAULT_MAX_REPLAYS = 48  # candidates replayed at 1× before the search gives up
 MAX_GPUS = 64  # the largest deployment considered (GPUs in all)
 
 
@@ -324,6 +325,14 @@ def recommend(
             return replay_at(c, m)
 
         out.append(Recommendation(c, first, search(evaluate, precision=precision)))
+    # Fewest GPUs, then the smallest GPU, then the most headroom on it.
+    out.sort(
+        key=lambda r: (
+            r.candidate.gpus,
+            r.candidate.plan.request.gpu.total_bytes,
+            -(r.limit.held or 0.0),
+        )
+    )
     return Recommendations(
         found=tuple(out),
         planned=planned,
