@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from exporter.cache_config import CacheConfig
 from exporter.capacity.arch import ModelArch
 from exporter.capacity.gpus import CPU, Gpu, lookup_gpu
 from exporter.capacity.plan import PlanRequest
 from exporter.capacity.releases import DEFAULT_VERSION, release
 from exporter.errors import InputError
-from exporter.sources.vllm_page import CacheConfig
 
 FROM_CACHE_CONFIG = "vllm cache_config_info"
 FROM_MODELS = "vllm /v1/models"

@@ -18,18 +18,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
-from exporter.risk.bottleneck import RESOURCES
-from exporter.risk.headroom import RESOURCES as HEADROOM_RESOURCES
-from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD
-from exporter.snapshot import EngineView, Snapshot
-from exporter.sources.nvml import MAX_GPUS
-from exporter.sources.vllm_page import (
+from exporter.labels import (
     MAX_CACHE_CONFIG_LABELS,
     MAX_ENGINES,
+    MAX_GPUS,
     MAX_LABEL_VALUE_LENGTH,
     cut_label,
     escape_label,
 )
+from exporter.risk.bottleneck import RESOURCES
+from exporter.risk.headroom import RESOURCES as HEADROOM_RESOURCES
+from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD
+from exporter.snapshot import EngineView, Snapshot
 
 PREFIX = "kv_headroom_"
 # Values are written exactly as prometheus_client writes them (Go's float format).

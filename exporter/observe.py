@@ -18,9 +18,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import add, attrgetter
 
+from exporter.cache_config import CacheConfig
 from exporter.capacity.histogram import Histogram, histogram_delta
+from exporter.labels import MAX_ENGINES
 from exporter.risk.model import Point
-from exporter.sources.vllm_page import MAX_ENGINES, CacheConfig, EngineMetrics, VllmPage
+from exporter.sources.vllm_page import EngineMetrics, VllmPage
 
 # Per-engine counter state is kept across polls so totals survive restarts; engines that
 # stop appearing are forgotten, least recently seen first, beyond this many.

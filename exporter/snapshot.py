@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from exporter.cache_config import CacheConfig
 from exporter.capacity.gpus import GIB
 from exporter.capacity.histogram import Histogram, histogram_delta
 from exporter.capacity.kvcache import Layout
@@ -40,7 +41,7 @@ from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GPU_MEMORY, GpuMemory
-from exporter.sources.vllm_page import CacheConfig, EngineMetrics
+from exporter.sources.vllm_page import EngineMetrics
 
 if TYPE_CHECKING:
     from exporter.sources.cmdline import Flags

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from exporter.labels import MAX_GPUS
 from exporter.settings import (
     Spec,
     parse_bool,
@@ -31,7 +32,7 @@ from exporter.settings import (
     parse_url,
 )
 from exporter.sources.base import Outcome, Plugin, Readings, SourceContext, Stage
-from exporter.sources.nvml import GPU_MEMORY, MAX_GPUS, GpuMemory, NvmlSample
+from exporter.sources.nvml import GPU_MEMORY, GpuMemory, NvmlSample
 from exporter.sources.vllm import redact
 
 MIB = 1 << 20

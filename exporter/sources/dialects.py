@@ -18,12 +18,8 @@ Only a page with no ``vllm:`` series is looked at here, so vLLM's own pages neve
 
 from __future__ import annotations
 
-from exporter.sources.vllm_page import (
-    START_TIME_SERIES,
-    WANTED_SERIES,
-    escape_label,
-    parse_labels,
-)
+from exporter.labels import escape_label
+from exporter.sources.vllm_page import START_TIME_SERIES, WANTED_SERIES, parse_labels
 
 RAY_PREFIXES = ("ray_vllm:", "ray_vllm_")
 # Labels Ray adds to every application metric (and vLLM's Ray wrapper adds ReplicaId).

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.labels import MAX_GPUS
 from exporter.sources.base import (
     Outcome,
     Plugin,
@@ -64,8 +65,6 @@ _UNSUPPORTED = frozenset(
     }
 )
 _NO_SUCH_DEVICE = frozenset({"NVMLError_InvalidArgument", "NVMLError_NotFound"})
-# One vLLM spans at most one node's GPUs (8-16); the cap bounds series and NVML calls.
-MAX_GPUS = 64
 
 
 @dataclass(frozen=True)

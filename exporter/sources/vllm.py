@@ -20,10 +20,11 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from exporter.labels import cut_label
 from exporter.log import get_logger
 from exporter.sources.base import Outcome, Plugin, Readings, SourceContext, Stage
 from exporter.sources.dialects import as_vllm
-from exporter.sources.vllm_page import VllmPage, cut_label, parse_page
+from exporter.sources.vllm_page import VllmPage, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
 MAX_JSON_BYTES = 1 << 20

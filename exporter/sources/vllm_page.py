@@ -20,73 +20,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from exporter.cache_config import MAX_VALUE, CacheConfig
 from exporter.capacity.histogram import Histogram
-
-
-def label_value(text: str | None, kind: type) -> Any:
-    """A ``cache_config_info`` label (``str()`` of a Python value) as a typed value, or
-    None when it is unset (``None``) or not a value of that kind."""
-    if text is None or text in ("None", "", "null"):
-        return None
-    try:
-        if kind is bool:
-            return {"True": True, "False": False}.get(text)
-        if kind is int:
-            number = float(text)  # "128" or "128.0"; a fraction is no count of anything
-            return int(number) if number.is_integer() and abs(number) <= MAX_VALUE else None
-        if kind is float:
-            number = float(text)
-            return number if math.isfinite(number) else None
-    # OverflowError: "inf" or "1e400" read as a whole number.
-    except (ValueError, OverflowError):
-        return None
-    return text
-
-
-@dataclass(frozen=True)
-class CacheConfig(Mapping[str, str]):
-    """vLLM's ``cache_config_info``, typed once, here. Every figure the sidecar computes
-    with is a field; the raw labels stay readable as a mapping (``cc["block_size"]``), for
-    display and for checks that quote what vLLM wrote."""
-
-    labels: Mapping[str, str] = field(default_factory=dict)
-    block_size: int | None = None
-    num_gpu_blocks: int | None = None
-    num_gpu_blocks_override: int | None = None
-    kv_cache_size_tokens: int | None = None  # vLLM's own token count (0.24+)
-    kv_cache_memory_bytes: int | None = None  # the memory vLLM was given (--kv-cache-memory)
-    cpu_kvcache_space_bytes: int | None = None  # the same on the V1 CPU backend 0.9.2-0.19
-    cache_dtype: str | None = None
-    gpu_memory_utilization: float | None = None
-    enable_prefix_caching: bool | None = None
-
-    @classmethod
-    def from_labels(cls, labels: Mapping[str, str]) -> CacheConfig:
-        return cls(
-            labels=labels,
-            block_size=label_value(labels.get("block_size"), int),
-            num_gpu_blocks=label_value(labels.get("num_gpu_blocks"), int),
-            num_gpu_blocks_override=label_value(labels.get("num_gpu_blocks_override"), int),
-            kv_cache_size_tokens=label_value(labels.get("kv_cache_size_tokens"), int),
-            kv_cache_memory_bytes=label_value(labels.get("kv_cache_memory_bytes"), int),
-            cpu_kvcache_space_bytes=label_value(labels.get("cpu_kvcache_space_bytes"), int),
-            cache_dtype=label_value(labels.get("cache_dtype"), str),
-            gpu_memory_utilization=label_value(labels.get("gpu_memory_utilization"), float),
-            enable_prefix_caching=label_value(labels.get("enable_prefix_caching"), bool),
-        )
-
-    def __getitem__(self, key: str) -> str:
-        return self.labels[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.labels)
-
-    def __len__(self) -> int:
-        return len(self.labels)
+from exporter.labels import (
+    MAX_CACHE_CONFIG_LABELS,
+    MAX_ENGINES,
+    MAX_LABEL_VALUE_LENGTH,
+    cut_label,
+)
 
 
 @dataclass(frozen=True)
@@ -113,15 +57,7 @@ class EngineMetrics:
     cache_config: CacheConfig | None = None
 
 
-# Cardinality bounds: a data-parallel vLLM runs a handful of engines and 0.32's
-# cache_config_info has 37 labels, so these only bite on a page that is broken or hostile,
-# and then keep one page from turning into thousands of series or megabytes of history.
-MAX_ENGINES = 64
-MAX_CACHE_CONFIG_LABELS = 128
-MAX_LABEL_VALUE_LENGTH = 256
 MAX_PROBLEMS = 20
-# Counts past 2**53 lose integer precision in a float and no real server reaches them.
-MAX_VALUE = float(1 << 53)
 # The labels the sidecar reads; kept first when cache_config_info has too many.
 _CACHE_CONFIG_KEPT = (
     "block_size",
@@ -235,13 +171,6 @@ def _unescape(value: str) -> str:
     return _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
 
-def escape_label(value: str) -> str:
-    """A label value as the exposition format writes it (the inverse of ``_unescape``)."""
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return value
-
-
 def parse_labels(text: str) -> dict[str, str] | None:
     """``a="1",b="x\\"y"`` → dict; None when the label set is malformed."""
     if "\\" not in text and '=",' not in text:
@@ -306,14 +235,6 @@ def _bound(text: str) -> float | None:
     except ValueError:
         return None
     return v if v == math.inf or 0.0 <= v <= MAX_VALUE else None
-
-
-def cut_label(value: str) -> str:
-    """A label value from outside, at most ``MAX_LABEL_VALUE_LENGTH`` characters (``…``
-    marks a cut): the one rule for the page, /v1/models, /version and the collector."""
-    if len(value) <= MAX_LABEL_VALUE_LENGTH:
-        return value
-    return value[: MAX_LABEL_VALUE_LENGTH - 1] + "…"
 
 
 def _cut(value: str, limited: dict[str, int]) -> str:

@@ -8,13 +8,9 @@ import asyncio
 
 import pytest
 
+from exporter.labels import MAX_CACHE_CONFIG_LABELS, MAX_ENGINES, MAX_LABEL_VALUE_LENGTH
 from exporter.poller import PollerDeps
 from exporter.sources.nvml import NvmlReader
-from exporter.sources.vllm_page import (
-    MAX_CACHE_CONFIG_LABELS,
-    MAX_ENGINES,
-    MAX_LABEL_VALUE_LENGTH,
-)
 from tests.faults.conftest import MakeSidecar, check_exposition, value
 from tests.scripted_vllm import JSON_FAULTS, ScriptedVllm
 from tests.sidecar.conftest import fixture_page

@@ -9,15 +9,9 @@ from typing import Literal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.sources.vllm_page import (
-    MAX_ENGINES,
-    MAX_LABEL_VALUE_LENGTH,
-    MAX_PROBLEMS,
-    MAX_VALUE,
-    VllmPage,
-    parse_labels,
-    parse_page,
-)
+from exporter.cache_config import MAX_VALUE
+from exporter.labels import MAX_ENGINES, MAX_LABEL_VALUE_LENGTH
+from exporter.sources.vllm_page import MAX_PROBLEMS, VllmPage, parse_labels, parse_page
 
 # Text as label values carry it: anything printable or not, but no lone surrogates.
 NO_SURROGATES: tuple[Literal["Cs"]] = ("Cs",)
