@@ -34,12 +34,13 @@ import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.gpus import GIB
-from exporter.capacity.memory import OverheadModel
+from exporter.capacity.memory import OverheadModel, sampler_path
 from exporter.capacity.plan import Plan, plan
 
 
@@ -74,48 +75,60 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     A row's activation peak is ``max(forward, sampler)``, so it measures only the phase that
     set it: rows whose modelled forward pass outweighs the sampler refit ``forward_bytes``,
     rows the other way round refit the sampler's fixed bytes per entry of the top-k/top-p
-    path their release takes (sort-free, or sorting in 0.11.1-0.16); the per-dtype byte
-    stays counted from the code. Non-torch memory is refit per engine (V0, V1) from the
-    rows that print it: one GPU from TP1 rows, TP > 1 from TP rows.
+    path the start takes (``memory.sampler_path``: sorting, FlashInfer's sort-free sampler,
+    or 0.17's kernel); the per-dtype byte stays counted from the code. Non-torch memory is
+    refit per release era of ``OverheadModel.non_torch_*_by_era`` from the rows that print
+    it: one GPU from TP1 rows, TP > 1 from TP rows. Starts before 0.6.4 refit nothing: their
+    V0 worker charged the memory free after the profile run, with no peak/non-torch split.
     """
+    points = [pt for pt in points if pt.request.release.version >= _PROFILED_SINCE]
 
     def non_torch(rows: list[StartupPoint]) -> int | None:
         values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
         return int(statistics.fmean(values)) if values else None
 
-    def era(table: tuple[tuple[tuple[int, int, int], int], ...], v1: bool) -> int:
-        return next(b for since, b in table if (since >= (0, 8, 0)) == v1)
+    eras = [since for since, _ in fallback.non_torch_single_by_era]
 
-    tables: dict[str, dict[bool, int]] = {"single": {}, "tp": {}}
-    for v1 in (True, False):
-        engine = [pt for pt in points if pt.request.release.v1 == v1]
-        single = non_torch([pt for pt in engine if pt.tp == 1 and pt.pp == 1])
-        tp = non_torch([pt for pt in engine if pt.tp > 1])
-        tables["single"][v1] = (
-            single if single is not None else era(fallback.non_torch_single_by_era, v1)
-        )
-        # Without TP rows, TP keeps the fallback's comm-buffer extra over one GPU.
-        extra = era(fallback.non_torch_tp_by_era, v1) - era(fallback.non_torch_single_by_era, v1)
-        tables["tp"][v1] = tp if tp is not None else tables["single"][v1] + extra
+    def era_of(pt: StartupPoint) -> tuple[int, int, int]:
+        return next(since for since in eras if pt.request.release.version >= since)
+
+    single_table: list[tuple[tuple[int, int, int], int]] = []
+    tp_table: list[tuple[tuple[int, int, int], int]] = []
+    for (since, prior_single), (_, prior_tp) in zip(
+        fallback.non_torch_single_by_era, fallback.non_torch_tp_by_era, strict=True
+    ):
+        rows = [pt for pt in points if era_of(pt) == since]
+        single = non_torch([pt for pt in rows if pt.tp == 1 and pt.pp == 1])
+        tp = non_torch([pt for pt in rows if pt.tp > 1])
+        single_value = single if single is not None else prior_single
+        # Without TP rows, TP keeps the fallback's extra over one GPU.
+        tp_value = tp if tp is not None else single_value + (prior_tp - prior_single)
+        single_table.append((since, single_value))
+        tp_table.append((since, tp_value))
+    base = replace(
+        fallback,
+        non_torch_single_by_era=tuple(single_table),
+        non_torch_tp_by_era=tuple(tp_table),
+    )
 
     forward: list[float] = []
-    sampler: dict[bool, list[float]] = {True: [], False: []}  # keyed by sorting path
+    sampler: dict[str, list[float]] = {"sorting": [], "flashinfer": [], "kernel": []}
     for pt in points:
         if pt.pp > 1:
             continue
-        p = plan(replace(pt.request, overhead=fallback))
+        p = plan(replace(pt.request, overhead=base))
         release = p.request.release
         peak = _note(pt, "torch peak increase")
         if peak is None and pt.printed_weights_bytes is not None and pt.tp == 1:
             # Without a printed breakdown, what the weights and the KV cache leave of the
             # ceiling is the profile peak plus non-torch memory (and, from 0.20, the graph
-            # estimate): take the non-torch figure the breakdown rows give.
+            # estimate): take the non-torch figure of the release's era.
             stage = p.stages[0]
             peak = (
                 stage.requested
                 - pt.printed_weights_bytes
                 - pt.printed_kv_bytes
-                - tables["single"][release.v1]
+                - stage.non_torch
                 - stage.cuda_graph
             )
         if peak is None or peak <= 0:
@@ -125,39 +138,42 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
         width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
         modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
         entries = _entries(p)
-        sorting = release.sorting_sampler
-        fixed = fallback.sampler_sort_bytes if sorting else fallback.sampler_fixed_bytes
+        path = sampler_path(release, release.v0_engine_on(p.request.gpu.family))
+        fixed = {
+            "sorting": fallback.sampler_sort_bytes,
+            "flashinfer": fallback.sampler_fixed_bytes,
+            "kernel": fallback.sampler_kernel_bytes,
+        }[path]
         per_entry = fixed + fallback.sampler_dtype_bytes * dtype_bytes
         if modelled_forward >= per_entry * entries and width:
             forward.append(peak / (p.max_num_batched_tokens * width))
         elif entries:
-            sampler[sorting].append(peak / entries - fallback.sampler_dtype_bytes * dtype_bytes)
+            sampler[path].append(peak / entries - fallback.sampler_dtype_bytes * dtype_bytes)
 
     def mean(values: list[float], default: float) -> float:
         return statistics.fmean(values) if values else default
 
     return replace(
-        fallback,
+        base,
         forward_bytes=mean(forward, fallback.forward_bytes),
-        sampler_fixed_bytes=mean(sampler[False], fallback.sampler_fixed_bytes),
-        sampler_sort_bytes=mean(sampler[True], fallback.sampler_sort_bytes),
-        non_torch_pp_stage=tables["single"][True],
-        non_torch_single_by_era=(
-            ((0, 8, 0), tables["single"][True]),
-            ((0, 0, 0), tables["single"][False]),
-        ),
-        non_torch_tp_by_era=(((0, 8, 0), tables["tp"][True]), ((0, 0, 0), tables["tp"][False])),
+        sampler_fixed_bytes=mean(sampler["flashinfer"], fallback.sampler_fixed_bytes),
+        sampler_kernel_bytes=mean(sampler["kernel"], fallback.sampler_kernel_bytes),
+        sampler_sort_bytes=mean(sampler["sorting"], fallback.sampler_sort_bytes),
     )
 
+
+# V0's memory_profiling (0.6.4) is the first to split the peak from non-torch memory.
+_PROFILED_SINCE = (0, 6, 4)
 
 # What the model assumes before any fixture row is seen, so that a refit without a row's model
 # or family cannot inherit what the shipped coefficients learnt from that row, and what a term
 # no row measures keeps: the forward pass counted from the MLP (gate/up outputs and the
 # activation: 3 × width per token); as non-torch growth on one GPU (and per PP stage) only
 # the cuBLAS/cuBLASLt workspace (32 MiB) the first matmuls of the profile run allocate
-# outside PyTorch's pool (the allocation 0.33 moves into the start-up baseline); the TP comm
-# buffers of vLLM PR 10511 on top with TP > 1; the public CUDA-graph estimates; the
-# sampler's code count: three fp32 logits-sized buffers on the sort-free path, plus fp32
+# outside PyTorch's pool (the allocation 0.33 moves into the start-up baseline); with TP > 1
+# on V0 releases (before 0.8) the comm buffers vLLM PR 10511 measured under 0.6.x on top
+# (a V0 figure: V1's worker is not assumed to have them); the public CUDA-graph estimates;
+# the sampler's code count: three fp32 logits-sized buffers on the sort-free paths, plus fp32
 # sorted values and int64 indices on the sorting path.
 _CUBLAS = OverheadModel().cublas_baseline
 _PR_10511_TP = int(1.79 * GIB)
@@ -165,11 +181,12 @@ PRIOR = replace(
     OverheadModel(),
     forward_bytes=3.0,
     sampler_fixed_bytes=12.0,
+    sampler_kernel_bytes=12.0,
     sampler_sort_bytes=24.0,
-    non_torch_single_by_era=(((0, 8, 0), _CUBLAS), ((0, 0, 0), _CUBLAS)),
-    non_torch_pp_stage=_CUBLAS,
+    non_torch_single_by_era=(((0, 28, 0), _CUBLAS), ((0, 8, 0), _CUBLAS), ((0, 0, 0), _CUBLAS)),
     non_torch_tp_by_era=(
-        ((0, 8, 0), _CUBLAS + _PR_10511_TP),
+        ((0, 28, 0), _CUBLAS),
+        ((0, 8, 0), _CUBLAS),
         ((0, 0, 0), _CUBLAS + _PR_10511_TP),
     ),
 )
@@ -178,8 +195,8 @@ PRIOR = replace(
 def predicted_first_stage(point: StartupPoint, model: OverheadModel | None) -> int:
     if model is None:
         p = plan(point.request)
-        return p.stages[0].requested - p.stages[0].weights
-    return plan(replace(point.request, overhead=model)).stages[0].available
+        return min(stage.requested - stage.weights for stage in p.stages)
+    return min(plan(replace(point.request, overhead=model)).stage_available)
 
 
 def reproduces(point: StartupPoint) -> bool:
@@ -208,6 +225,22 @@ def summarise(errors: list[float]) -> dict[str, float]:
     }
 
 
+def lofo_breakdown(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
+    """The leave-one-family-out error of the rows grouped by ``key`` (family, gpu, release):
+    each group's row count with its median, p90 and max absolute error."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        groups.setdefault(str(row[key]), []).append(row["lofo_err_pct"])
+    return {
+        name: {"rows": len(errs), **summarise(errs)}
+        for name, errs in sorted(groups.items(), key=lambda kv: _release_order(kv[0], key))
+    }
+
+
+def _release_order(name: str, key: str) -> tuple[int, ...] | tuple[str]:
+    return tuple(int(x) for x in name.split(".")) if key == "release" else (name,)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", choices=("table", "json"), default="table")
@@ -225,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         or (pt.printed_weights_bytes is not None and pt.tp == pt.pp == 1)
     ]
     errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "lofo": [], "naive": []}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for pt in points:
         others = [q for q in points if q.model != pt.model]
         unseen = [q for q in points if q.family != pt.family]
@@ -235,7 +268,14 @@ def main(argv: list[str] | None = None) -> int:
             "lofo": fit(unseen, PRIOR),
             "naive": None,
         }
-        row = {"row": pt.row, "label": pt.label, "printed_gib": pt.printed_kv_bytes / GIB}
+        row: dict[str, Any] = {
+            "row": pt.row,
+            "label": pt.label,
+            "printed_gib": pt.printed_kv_bytes / GIB,
+            "family": pt.family,
+            "gpu": pt.request.gpu.name,
+            "release": pt.request.release.label,
+        }
         for name, model in models.items():
             predicted = predicted_first_stage(pt, model)
             err = (predicted - pt.printed_kv_bytes) / pt.printed_kv_bytes * 100
@@ -248,10 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     reproduced = sum(1 for pt in exact if reproduces(pt))
     exactness = {"rows": len(exact), "within_0.01pct": reproduced}
     families = sorted({pt.family for pt in points})
+    lofo_by = {key: lofo_breakdown(rows, key) for key in ("family", "gpu", "release")}
     if args.output == "json":
         print(
             json.dumps(
-                {"summary": summary, "exactness": exactness, "families": families, "rows": rows},
+                {
+                    "summary": summary,
+                    "exactness": exactness,
+                    "families": families,
+                    "lofo_by": lofo_by,
+                    "rows": rows,
+                },
                 indent=2,
             )
         )
@@ -273,8 +320,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<9} median |error| {s['median_abs_error_pct']:6.2f} %   "
             f"p90 {s['p90_abs_error_pct']:6.2f} %   max {s['max_abs_error_pct']:6.2f} %"
         )
+    for key, groups in lofo_by.items():
+        print(f"\nleave-one-family-out by {key}:")
+        for group, g in groups.items():
+            print(
+                f"  {group:<24} {g['rows']:>3} rows   median {g['median_abs_error_pct']:6.2f} %   "
+                f"p90 {g['p90_abs_error_pct']:6.2f} %   max {g['max_abs_error_pct']:6.2f} %"
+            )
     print(
-        f"exactness given the printed figure: {reproduced}/{len(exact)} rows' blocks, tokens "
+        f"\nexactness given the printed figure: {reproduced}/{len(exact)} rows' blocks, tokens "
         "and concurrency within 0.01 %"
     )
     naive, held = summary["naive"], summary["held-out"]
@@ -285,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rows whose printed profile or weights refit a coefficient: {len(profiled)}")
     print("coefficients refit on all rows (shipped in parentheses; they should agree):")
     print(
-        f"  sampler {refit.sampler_fixed_bytes:.2f} ({ship.sampler_fixed_bytes}) sort-free, "
+        f"  sampler {refit.sampler_fixed_bytes:.2f} ({ship.sampler_fixed_bytes}) FlashInfer, "
+        f"{refit.sampler_kernel_bytes:.2f} ({ship.sampler_kernel_bytes}) 0.17 kernel, "
         f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
         f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
         f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes})"
@@ -295,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     ):
         shipped_single = next(b for s, b in ship.non_torch_single_by_era if s == since)
         shipped_tp = next(b for s, b in ship.non_torch_tp_by_era if s == since)
-        engine = "V1" if since >= (0, 8, 0) else "V0"
         print(
-            f"  {engine} non-torch {single / GIB:.2f} GiB ({shipped_single / GIB:.2f}) on one GPU, "
-            f"{tp / GIB:.2f} GiB ({shipped_tp / GIB:.2f}) per GPU with TP > 1"
+            f"  non-torch from {'.'.join(map(str, since))}: {single / GIB:.2f} GiB "
+            f"({shipped_single / GIB:.2f}) on one GPU, {tp / GIB:.2f} GiB ({shipped_tp / GIB:.2f}) "
+            "per GPU with TP > 1"
         )
     return 0
 

@@ -16,35 +16,50 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``S`` is ``(fixed + dtype bytes)`` per entry, ``fixed`` set by the top-k/top-p path
-  the release takes. The sort-free path (FlashInfer's top-k/top-p sampler; up to 0.11.0
-  and from 0.17) holds the fp32 logits copy, the softmax probabilities and the
-  renormalised probabilities: 12 B counted from vLLM's sampler code. Four public V1
-  starts whose sampler sets the peak there refit it to 21.13 B, which is shipped:
-  gpt-oss-20b on an A100 under 0.19 (23.1 B) and Qwen2-7B on an A100 under 0.10.1.1 at two
-  utilizations (12.5 and 12.3 B, dennislee22/vLLM-benchmarking), each taking the peak as
-  what weights and KV memory leave of the ceiling less the 32 MiB of V1 non-torch memory
-  below, and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2, which prints its peak
-  (1.4 GiB: 36.6 B; tim-roethig/ai-platform). The spread (12-37 B) says the sampler is
-  not the whole of that peak on every row.
-  From 0.11.1 to 0.16 the sorting path sets the peak (``logits.sort``: fp32 values and
-  int64 indices on top; see ``Release.sorting_sampler``): 24 B, the code count — no
-  fixture row in that window prints what its peak is made of, so nothing refits it.
+  ``S`` is ``(fixed + dtype bytes)`` per entry, ``fixed`` set by the top-k/top-p path the
+  start takes (``sampler_path``), each refit by ``benchmarks/plan_accuracy.py`` from the
+  public start-ups in tests/fixtures/sizing/ whose sampler sets the peak (a row that prints
+  no breakdown gives as its peak what weights, KV memory, its era's non-torch memory and
+  graph estimate leave of the ceiling):
+
+  - *sorting* (``logits.sort``: fp32 values and int64 indices over the whole vocabulary):
+    V0's ``Sampler._apply_top_k_top_p`` — every release before 0.8, and 0.8-0.10 on
+    Volta/Turing, which fall back to V0 (``Release.v0_engine_on``) — and V1's
+    ``apply_top_k_top_p_pytorch`` from 0.11.1 to 0.16 (``Release.sorting_sampler``): 36.75
+    B, from three V0 starts that print their peak: Llama-3.2-3B on a T4 under 0.8.2 (0.90
+    GiB over 192 × 128,256 entries: 37.2 B) and Qwen3-30B-A3B at TP4 on Turing cards under
+    0.8.5 (1.40 and 1.39 GiB over 256 × 151,936: 36.7 and 36.4 B). It replaces the 24 B
+    code count; no 0.11.1-0.16 row measures V1's copy of the same sort.
+  - *FlashInfer* (V1's sort-free sampler, up to 0.11.0): 20.02 B, the mean of Qwen2-7B on
+    an A100 under 0.10.1.1 at two utilizations (12.5, 12.3 B; dennislee22/vLLM-benchmarking)
+    and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2 (prints 1.4 GiB: 36.6 B;
+    tim-roethig/ai-platform). The spread is the install: before FlashInfer was a
+    dependency, a start without it takes the sorting path (36.6 B is that path's figure).
+  - *kernel* (the Triton top-k/top-p kernel of vLLM PR 33538, 0.17 on): 29.79 B, the mean
+    of gpt-oss-20b on an A100 under 0.19 (23.1 B), Qwen2.5-7B-AWQ on an RTX 4080 under 0.26
+    (19.3 B), Qwen3-14B and Qwen3-14B-AWQ on an L40S under 0.28 and Llama-3.1-8B on an A100
+    under 0.31 (35-36 B each). The step between 0.26 and 0.28 is not explained by a term
+    here; a per-release coefficient would need more than one row a release.
+
   ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
-  (3.87) is fitted by ``benchmarks/plan_accuracy.py`` to the public V0 start-ups of
-  vLLM issue 10517 (RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and
-  2.99 GiB above the weights; the two agree within 0.4 %).
-* **non-torch memory** — allocations outside PyTorch after the snapshot, by engine:
-  V0 0.35 GiB on one GPU (issue 10517, the only public row that prints it) and 2.14 GiB
-  per GPU with TP > 1 (1.79 GiB more: the TP2 − TP1 difference of the non-torch figures
-  vLLM PR 10511 printed for Llama-3-8B on an H100 under 0.6.x, whose accounting still
-  held NCCL's buffers). V1 (0.8+) with TP > 1: 0.21 GiB per GPU, what a Qwen3-235B TP8
-  start on L40S under 0.10.2 prints (tim-roethig/ai-platform), the only V1 TP row that
-  prints it — the V0 comm-buffer figure does not carry over, NCCL's buffers already sit
-  in V1's start-up snapshot. No public V1 start in the fixtures prints its non-torch
-  memory on one GPU, so that keeps the structural prior ``benchmarks/plan_accuracy.py``
-  refits from: the cuBLAS/cuBLASLt workspace (32 MiB, ``cublas_baseline``), also per PP
-  stage.
+  (3.84) is fitted to the V0 starts whose forward pass sets the peak: vLLM issue 10517
+  (Llama-3.1-8B on an RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and 2.99
+  GiB above the weights) and Qwen2.5-7B on an RTX 3090 under 0.6.6 (8,192 tokens, 1.09
+  GiB): 3.88, 3.86 and 3.77.
+* **non-torch memory** — allocations outside PyTorch after the snapshot, by release era
+  (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it:
+  V0 (before 0.8) 0.27 GiB on one GPU (issue 10517's 0.35 twice, Qwen2.5-7B under 0.6.6's
+  0.10) and 2.06 GiB per GPU with TP > 1 (1.79 GiB more: the TP2 − TP1 difference of the
+  non-torch figures vLLM PR 10511 printed for Llama-3-8B on an H100 under 0.6.x, whose
+  accounting still held NCCL's buffers; no fixture row measures it). 0.8-0.27: 0.055 GiB on
+  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06) and 0.20 GiB
+  per GPU with TP > 1 (Qwen3-235B TP8 under 0.10.2: 0.21; Qwen3-30B-A3B TP4 under 0.8.5:
+  0.20 twice) — the V0 comm-buffer figure does not carry over. From 0.28 vLLM charges
+  everything the instance took since the snapshot (``total_consumed``, from
+  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.26
+  GiB, the "consumed memory" less the weights of Llama-3.1-8B on an A100 under 0.31 (15.26
+  − 15.0), used for TP too (no 0.28+ TP row prints it). A PP stage's worker accounts like
+  one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.27 GiB per
   GPU, the median of the estimates public 0.20+ logs print (0.09, 0.17 and 0.36 GiB on
   RTX 3090s and a 0.27 start, 2.43 GiB on GB10s: club-3090 issues 434 and 127, gpustack
@@ -67,12 +82,13 @@ from exporter.capacity.releases import Release
 class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
-    forward_bytes: float = 3.87  # per (batched token × intermediate width / TP × dtype byte)
-    sampler_fixed_bytes: float = 21.13  # per (dummy request × vocabulary entry); see above
+    forward_bytes: float = 3.84  # per (batched token × intermediate width / TP × dtype byte)
+    # The sampler's bytes per (dummy request × vocabulary entry), by the top-k/top-p path
+    # the start takes (see the module docstring and ``sampler_path``).
+    sampler_fixed_bytes: float = 20.02  # FlashInfer's sort-free sampler, V1 up to 0.11.0
+    sampler_kernel_bytes: float = 29.79  # the Triton top-k/top-p kernel, 0.17 on
+    sampler_sort_bytes: float = 36.75  # the sorting path: V0, and V1 0.11.1-0.16
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    # 0.11.1-0.16: the sorting top-k/top-p path instead; the code count (no row measures it)
-    sampler_sort_bytes: float = 24.0
-    non_torch_pp_stage: int = 32 << 20  # V1's prior, cuBLAS: no row measures it (see above)
     cuda_graph: int = int(0.27 * GIB)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
@@ -87,12 +103,14 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 8, 0), 32 << 20),  # V1's prior, cuBLAS: no row measures it (see above)
-        ((0, 0, 0), int(0.35 * GIB)),
-    )  # (first release, bytes), newest first
+        ((0, 28, 0), int(0.26 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 8, 0), int(0.055 * GIB)),
+        ((0, 0, 0), int(0.267 * GIB)),
+    )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 8, 0), int(0.21 * GIB)),  # Qwen3-235B TP8 on L40S, 0.10.2 (see above)
-        ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
+        ((0, 28, 0), int(0.26 * GIB)),
+        ((0, 8, 0), int(0.203 * GIB)),
+        ((0, 0, 0), int(0.267 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
     )  # per GPU with TP > 1, (first release, bytes), newest first
 
 
@@ -117,6 +135,7 @@ class ActivationInputs:
     pp: int
     logits_softcap: bool = False  # Gemma 2: tanh soft-capping writes one more fp32 copy
     encoder_elems: int = 0  # a vision tower's profile: patches × MLP width (0: text only)
+    v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
 
 
 def activation_peaks(
@@ -127,7 +146,11 @@ def activation_peaks(
     forward = model.forward_bytes * (
         a.max_num_batched_tokens * (a.intermediate_size / a.tp) * a.dtype_bytes
     )
-    fixed = model.sampler_sort_bytes if release.sorting_sampler else model.sampler_fixed_bytes
+    fixed = {
+        "sorting": model.sampler_sort_bytes,
+        "flashinfer": model.sampler_fixed_bytes,
+        "kernel": model.sampler_kernel_bytes,
+    }[sampler_path(release, a.v0_engine)]
     per_entry = fixed + model.sampler_dtype_bytes * a.dtype_bytes
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
@@ -144,15 +167,23 @@ def activation_peaks(
     return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
 
 
+def sampler_path(release: Release, v0_engine: bool) -> str:
+    """The top-k/top-p path of the profile run's sampler: ``sorting`` (V0's
+    ``Sampler._apply_top_k_top_p`` and V1 0.11.1-0.16's ``apply_top_k_top_p_pytorch`` sort
+    the logits), ``flashinfer`` (V1's sort-free FlashInfer sampler up to 0.11.0) or
+    ``kernel`` (the Triton top-k/top-p kernel of vLLM PR 33538, 0.17 on)."""
+    if v0_engine or release.sorting_sampler:
+        return "sorting"
+    return "kernel" if release.version >= (0, 17, 0) else "flashinfer"
+
+
 def non_torch_bytes(
     release: Release, tp: int, pp: int, model: OverheadModel = DEFAULT_OVERHEAD
 ) -> int:
     """Modelled non-torch growth after the start-up snapshot, per GPU."""
     if tp > 1:
         grown = _by_era(model.non_torch_tp_by_era, release)
-    elif pp > 1:
-        grown = model.non_torch_pp_stage
-    else:
+    else:  # one GPU, or one GPU per PP stage
         grown = _by_era(model.non_torch_single_by_era, release)
     if release.cublas_in_baseline:
         grown = max(0, grown - model.cublas_baseline)

@@ -115,9 +115,10 @@ def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tu
     that are not A100s, 2048 / 256 otherwise; 0.32 adds 16384 / 1024 from 160 GiB (B200)
     and 2048 / 128 on the CPU backend; 0.33 gives GB10 (DGX Spark, compute capability 12.1)
     2048 / 256 although its unified memory is larger than 70 GiB. V0 without chunked
-    prefill: the larger of max_model_len and 2048, with 256 sequences.
+    prefill (every release before 0.8, and 0.8-0.10 on Volta/Turing, which fall back to V0):
+    the larger of max_model_len and 2048, with 256 sequences.
     """
-    if not release.v1:
+    if release.v0_engine_on(gpu.family):
         return max(max_model_len, 2048), 256
     if gpu.platform == "cpu":
         return 2048, 128 if release.version >= (0, 32, 0) else 256
@@ -450,6 +451,7 @@ def _stage_memory(
             pp=pp,
             logits_softcap=arch.final_logit_softcapping is not None,
             encoder_elems=arch.vision_profile_elems,
+            v0_engine=rel.v0_engine_on(req.gpu.family),
         ),
         rel,
         req.overhead,

@@ -158,6 +158,13 @@ class Release:
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
 
+    def v0_engine_on(self, gpu_family: str) -> bool:
+        """The V0 engine serves this start: every release before 0.8, and 0.8-0.10 on GPUs
+        below compute capability 8.0 (Volta, Turing), where ``engine/arg_utils.py`` logs
+        "Compute Capability < 8.0 is not supported by the V1 Engine. Falling back to V0"
+        (public start-ups under 0.8.2, 0.8.5 and 0.10.1.1 print it); 0.11 removed V0."""
+        return not self.v1 or (self.version < (0, 11, 0) and gpu_family in ("volta", "turing"))
+
     @property
     def sampler_warmup_pass(self) -> bool:
         # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.

@@ -38,7 +38,7 @@ def test_logit_soft_capping_stays_below_the_sampler_peak() -> None:
 
 def test_soft_capped_logits_hold_three_model_dtype_copies() -> None:
     # With the sampler's own buffers taken out, the logits phase is what is left.
-    bare = OverheadModel(sampler_fixed_bytes=0.0, sampler_dtype_bytes=0.0)
+    bare = OverheadModel(sampler_kernel_bytes=0.0, sampler_dtype_bytes=0.0)  # 0.17+ path
     inputs = ActivationInputs(
         max_num_batched_tokens=8192,
         max_num_seqs=1024,
@@ -118,4 +118,32 @@ def test_the_sampler_sorts_only_from_0_11_1_to_0_16() -> None:
     }
     entries = 1024 * 151_936
     assert sampler["0.11.1"] == sampler["0.16.0"] == int((model.sampler_sort_bytes + 2) * entries)
-    assert sampler["0.11.0"] == sampler["0.17.0"] == int((model.sampler_fixed_bytes + 2) * entries)
+    # Sort-free on either side, through different code: FlashInfer's sampler up to 0.11.0,
+    # the top-k/top-p kernel from 0.17, each with its own refit coefficient.
+    assert sampler["0.11.0"] == int((model.sampler_fixed_bytes + 2) * entries)
+    assert sampler["0.17.0"] == int((model.sampler_kernel_bytes + 2) * entries)
+
+
+def test_a_turing_gpu_under_0_8_to_0_10_samples_through_v0s_sorting_path() -> None:
+    # vLLM 0.8-0.10 fall back to the V0 engine below compute capability 8.0, and V0's
+    # sampler sorts the logits; 0.11 has no V0 left.
+    inputs = ActivationInputs(
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        intermediate_size=0,
+        hidden_size=2048,
+        vocab_size=151_936,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    model = OverheadModel()
+    sorting = int((model.sampler_sort_bytes + 2) * 256 * 151_936)
+
+    def peak(version: str, family: str) -> int:
+        rel = release(version)
+        return activation_peaks(replace(inputs, v0_engine=rel.v0_engine_on(family)), rel, model)[0]
+
+    assert peak("0.8.5", "turing") == peak("0.10.1", "volta") == sorting
+    assert peak("0.10.1", "ampere") != sorting
+    assert peak("0.11.0", "turing") != sorting

@@ -143,8 +143,8 @@ def test_the_context_dial_is_vllms_estimated_longest_context() -> None:
 def test_the_utilization_dial_names_the_lowest_utilization_above_todays_that_starts() -> None:
     p = planned("openai/gpt-oss-120b")
     u = dial(p, "utilization")
-    assert u.change == "--gpu-memory-utilization 0.94"
-    assert replan(p, gpu_memory_utilization=0.93).startup_failure is not None
+    assert u.change == "--gpu-memory-utilization 0.96"
+    assert replan(p, gpu_memory_utilization=0.95).startup_failure is not None
 
 
 def test_the_utilization_dial_goes_no_higher_than_the_memory_free_at_start_up() -> None:
