@@ -273,16 +273,17 @@ def recommend(
                 break
         return _combine(multiplier, outcomes)
 
-    def attempt(c: Candidate) -> Outcome | None:
-        """The 1× replay of ``c``, or None when it was ruled out without one."""
+    def attempt(c: Candidate) -> Outcome | str:
+        """The 1× replay of ``c``, or why it needs none: ``ruled_out`` (too busy by the
+        lower bounds) or ``dominated`` (no better than one that failed)."""
         nonlocal planned, ruled_out, dominated, replayed
         planned += 1
         if demand.load(c.config, c.replicas) >= 1:
             ruled_out += 1
-            return None
+            return "ruled_out"
         if any(_no_better(c, f) for f in failed):
             dominated += 1
-            return None
+            return "dominated"
         replayed += 1
         if say is not None:
             say(f"recommending: {c.gpus} GPUs · {describe(c)} · replay {replayed}")
@@ -347,28 +348,31 @@ def recommend(
 
 def _try_batches(
     planner: _Planner,
-    attempt: Callable[[Candidate], Outcome | None],
+    attempt: Callable[[Candidate], Outcome | str],
     gpu: Gpu,
     tp: int,
     kv: str,
     replicas: int,
 ) -> tuple[Candidate, Outcome] | None:
     """The deployment at the default ``max_num_seqs`` (the one given, else vLLM's for the
-    GPU); where it fails, once more at twice or half of it, as its failure points."""
+    GPU); where it fails, once more at twice or half of it, as its failure points (twice
+    where the lower bounds ruled it out: fewer decode steps for the same tokens)."""
     given = planner.base.request.max_num_seqs
     p = planner.plan(gpu, tp, kv, given)
     if p is None:
         return None
     c = planner.candidate(p, replicas)
     outcome = attempt(c)
-    if outcome is not None and outcome.held:
+    if isinstance(outcome, Outcome) and outcome.held:
         return c, outcome
-    if outcome is None:
-        return None  # ruled out: too busy or no better than a failure, whatever the batch
+    if outcome == "dominated":
+        return None
     other = None
-    if outcome.binding == "max_num_seqs":
+    if outcome == "ruled_out" or (
+        isinstance(outcome, Outcome) and outcome.binding == "max_num_seqs"
+    ):
         other = p.max_num_seqs * 2
-    elif outcome.binding == "kv_cache" and p.max_num_seqs > 1:
+    elif isinstance(outcome, Outcome) and outcome.binding == "kv_cache" and p.max_num_seqs > 1:
         other = p.max_num_seqs // 2
     if other is None:
         return None
@@ -377,4 +381,4 @@ def _try_batches(
         return None
     c = planner.candidate(q, replicas)
     outcome = attempt(c)
-    return (c, outcome) if outcome is not None and outcome.held else None
+    return (c, outcome) if isinstance(outcome, Outcome) and outcome.held else None

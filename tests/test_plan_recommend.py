@@ -124,3 +124,30 @@ def test_no_recommendation_without_what_ifs_or_replays(
     for flag in (["--no-what-if"], ["--recommend-replays", "0"]):
         _, doc = plan(capsys, "--traffic", log, *flag)
         assert "recommendations" not in doc
+
+
+def test_a_deployment_that_would_not_start_still_gets_one_that_holds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 72B of bf16 weights do not load on one H100: no replay as planned, but a recommendation.
+    code = main(
+        [
+            "plan",
+            "--model",
+            "Qwen/Qwen2.5-72B-Instruct",
+            "--max-model-len",
+            "8192",
+            *COARSE,
+            "--traffic",
+            str(write_log(tmp_path, prompt=600, rate=1.0)),
+            "--recommend-gpus",
+            "H100",
+            "--output",
+            "json",
+        ]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert "traffic" not in doc
+    assert doc["recommendations"][0]["gpus"] >= 2
+    assert doc["recommendations"][0]["gpu"] == "H100-80GB"
