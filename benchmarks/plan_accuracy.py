@@ -138,7 +138,9 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
         width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
         modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
         entries = _entries(p)
-        path = sampler_path(release, release.v0_engine_on(p.request.gpu.family))
+        path = sampler_path(
+            release, release.v0_engine_on(p.request.gpu.family), p.request.flashinfer_installed
+        )
         fixed = {
             "sorting": fallback.sampler_sort_bytes,
             "flashinfer": fallback.sampler_fixed_bytes,

@@ -78,6 +78,10 @@ def _int(text: str) -> int | None:
     return int(text) if text else None
 
 
+def _yes_no(text: str) -> bool | None:
+    return {"yes": True, "no": False}.get(text)
+
+
 def family_of(model_type: str) -> str:
     """``qwen3_moe`` and ``qwen3_vl_moe_text`` → ``qwen3``: leave-one-family-out groups."""
     base = model_type.removesuffix("_text")
@@ -115,6 +119,7 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 max_num_batched_tokens=_int(row.get("max_num_batched_tokens") or ""),
                 max_num_seqs=_int(row.get("max_num_seqs") or ""),
                 quantization=row["quantization"] or None,
+                flashinfer_installed=_yes_no(row.get("flashinfer") or ""),
                 # On CPU the figure is the deployment's setting (VLLM_CPU_KVCACHE_SPACE).
                 kv_cache_memory_bytes=printed_kv_bytes if gpu.platform == "cpu" else None,
             )

@@ -23,22 +23,24 @@ profile run; this module models them:
   graph estimate leave of the ceiling):
 
   - *sorting* (``logits.sort``: fp32 values and int64 indices over the whole vocabulary):
-    V0's ``Sampler._apply_top_k_top_p`` — every release before 0.8, and 0.8-0.10 on
-    Volta/Turing, which fall back to V0 (``Release.v0_engine_on``) — and V1's
-    ``apply_top_k_top_p_pytorch`` from 0.11.1 to 0.16 (``Release.sorting_sampler``): 36.75
-    B, from three V0 starts that print their peak: Llama-3.2-3B on a T4 under 0.8.2 (0.90
-    GiB over 192 × 128,256 entries: 37.2 B) and Qwen3-30B-A3B at TP4 on Turing cards under
-    0.8.5 (1.40 and 1.39 GiB over 256 × 151,936: 36.7 and 36.4 B). It replaces the 24 B
-    code count; no 0.11.1-0.16 row measures V1's copy of the same sort.
-  - *FlashInfer* (V1's sort-free sampler, up to 0.11.0): 20.02 B, the mean of Qwen2-7B on
-    an A100 under 0.10.1.1 at two utilizations (12.5, 12.3 B; dennislee22/vLLM-benchmarking)
-    and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2 (prints 1.4 GiB: 36.6 B;
-    tim-roethig/ai-platform). The spread is the install: before FlashInfer was a
-    dependency, a start without it takes the sorting path (36.6 B is that path's figure).
-  - *kernel* (the Triton top-k/top-p kernel of vLLM PR 33538, 0.17 on): 29.79 B, the mean
-    of gpt-oss-20b on an A100 under 0.19 (23.1 B), Qwen2.5-7B-AWQ on an RTX 4080 under 0.26
-    (19.3 B), Qwen3-14B and Qwen3-14B-AWQ on an L40S under 0.28 and Llama-3.1-8B on an A100
-    under 0.31 (35-36 B each). The step between 0.26 and 0.28 is not explained by a term
+    V0 — every release before 0.8, and 0.8-0.10 on Volta/Turing, which fall back to V0
+    (``Release.v0_engine_on``) — V1 before 0.11.1 without FlashInfer installed, and V1
+    0.11.1-0.16 (``Release.sorting_sampler``): 36.73 B, from four starts that print their
+    peak: Llama-3.2-3B on a T4 under 0.8.2 (0.90 GiB over 192 × 128,256 entries: 37.2 B),
+    Qwen3-30B-A3B at TP4 on Turing cards under 0.8.5 (1.40 and 1.39 GiB over 256 × 151,936:
+    36.7 and 36.4 B) and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2 (1.4 GiB: 36.6 B;
+    tim-roethig/ai-platform; its install is not stated). It replaces the 24 B code count.
+  - *FlashInfer* (V1's sort-free sampler before 0.11.1, where FlashInfer is installed):
+    11.71 B, from Qwen2-7B on an A100 under 0.10.1.1 at two utilizations, whose logs print
+    "Using FlashInfer for top-p & top-k sampling" (11.8 and 11.6 B;
+    dennislee22/vLLM-benchmarking) — the code count is 12 B (three fp32 copies: cast
+    logits, softmax, renormalised probabilities). The same logs' TP2 run on A100 40GB had
+    no FlashInfer and fell back to the sorting path.
+  - *kernel* (0.17 on: the top-k/top-p kernel of vLLM PR 33538, or FlashInfer's sampler
+    where a release turns it back on; one coefficient): 29.79 B, the mean of gpt-oss-20b on
+    an A100 under 0.19 (22.6 B), Qwen2.5-7B-AWQ on an RTX 4080 under 0.26 (19.3 B),
+    Qwen3-14B and Qwen3-14B-AWQ on an L40S under 0.28 (35.0, 35.5 B) and Llama-3.1-8B on an
+    A100 under 0.31 (36.4 B). The step between 0.26 and 0.28 is not explained by a term
     here; a per-release coefficient would need more than one row a release.
 
   ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
@@ -85,9 +87,9 @@ class OverheadModel:
     forward_bytes: float = 3.84  # per (batched token × intermediate width / TP × dtype byte)
     # The sampler's bytes per (dummy request × vocabulary entry), by the top-k/top-p path
     # the start takes (see the module docstring and ``sampler_path``).
-    sampler_fixed_bytes: float = 20.02  # FlashInfer's sort-free sampler, V1 up to 0.11.0
+    sampler_fixed_bytes: float = 11.71  # FlashInfer's sort-free sampler, V1 before 0.11.1
     sampler_kernel_bytes: float = 29.79  # the Triton top-k/top-p kernel, 0.17 on
-    sampler_sort_bytes: float = 36.75  # the sorting path: V0, and V1 0.11.1-0.16
+    sampler_sort_bytes: float = 36.73  # the sorting path (see sampler_path)
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
     cuda_graph: int = int(0.27 * GIB)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
@@ -136,6 +138,7 @@ class ActivationInputs:
     logits_softcap: bool = False  # Gemma 2: tanh soft-capping writes one more fp32 copy
     encoder_elems: int = 0  # a vision tower's profile: patches × MLP width (0: text only)
     v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
+    flashinfer_installed: bool | None = None  # None: pip install vllm's default
 
 
 def activation_peaks(
@@ -150,7 +153,7 @@ def activation_peaks(
         "sorting": model.sampler_sort_bytes,
         "flashinfer": model.sampler_fixed_bytes,
         "kernel": model.sampler_kernel_bytes,
-    }[sampler_path(release, a.v0_engine)]
+    }[sampler_path(release, a.v0_engine, a.flashinfer_installed)]
     per_entry = fixed + model.sampler_dtype_bytes * a.dtype_bytes
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
@@ -167,14 +170,25 @@ def activation_peaks(
     return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
 
 
-def sampler_path(release: Release, v0_engine: bool) -> str:
-    """The top-k/top-p path of the profile run's sampler: ``sorting`` (V0's
-    ``Sampler._apply_top_k_top_p`` and V1 0.11.1-0.16's ``apply_top_k_top_p_pytorch`` sort
-    the logits), ``flashinfer`` (V1's sort-free FlashInfer sampler up to 0.11.0) or
-    ``kernel`` (the Triton top-k/top-p kernel of vLLM PR 33538, 0.17 on)."""
+def sampler_path(release: Release, v0_engine: bool, flashinfer_installed: bool | None) -> str:
+    """The top-k/top-p path of the profile run's sampler.
+
+    ``sorting``: V0's ``Sampler._apply_top_k_top_p`` and V1's ``apply_top_k_top_p_pytorch``
+    sort the logits — V0 always; V1 before 0.11.1 when FlashInfer is not installed (its
+    ``topk_topp_sampler.py`` logs "FlashInfer is not available. Falling back to the
+    PyTorch-native implementation of top-p & top-k sampling"), and 0.11.1-0.16, where
+    FlashInfer's sampler is off by default (``Release.sorting_sampler``). ``flashinfer``:
+    V1 before 0.11.1 with FlashInfer installed (its log: "Using FlashInfer for top-p & top-k
+    sampling"). ``pip install vllm`` did not install FlashInfer until vLLM PR 26443
+    (merged 2025-10-08, after 0.11.0) made it a dependency; the vllm/vllm-openai image has
+    it. None takes the pip default. ``kernel``: 0.17 on (the top-k/top-p kernel of vLLM PR
+    33538, or FlashInfer's sampler where a release turns it back on; one coefficient).
+    """
     if v0_engine or release.sorting_sampler:
         return "sorting"
-    return "kernel" if release.version >= (0, 17, 0) else "flashinfer"
+    if release.version >= (0, 17, 0):
+        return "kernel"
+    return "flashinfer" if flashinfer_installed else "sorting"
 
 
 def non_torch_bytes(

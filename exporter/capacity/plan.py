@@ -76,6 +76,9 @@ class PlanRequest:
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
     enable_prefix_caching: bool = True  # vLLM's default for generative models
+    # FlashInfer installed beside vLLM: before 0.11.1 it decides whether V1 samples
+    # sort-free; None is ``pip install vllm``'s default (memory.sampler_path).
+    flashinfer_installed: bool | None = None
     overhead: OverheadModel = DEFAULT_OVERHEAD
 
 
@@ -452,6 +455,7 @@ def _stage_memory(
             logits_softcap=arch.final_logit_softcapping is not None,
             encoder_elems=arch.vision_profile_elems,
             v0_engine=rel.v0_engine_on(req.gpu.family),
+            flashinfer_installed=req.flashinfer_installed,
         ),
         rel,
         req.overhead,

@@ -98,10 +98,11 @@ def test_weight_estimate_matches_a_published_checkpoint() -> None:
     assert abs(estimate - 18_483_411_968) < 0.001 * 18_483_411_968
 
 
-def test_the_sampler_sorts_only_from_0_11_1_to_0_16() -> None:
+def test_with_flashinfer_installed_the_sampler_sorts_only_from_0_11_1_to_0_16() -> None:
     # vLLM PR 26859 turned FlashInfer's sort-free sampler off by default after 0.11.0,
     # leaving the PyTorch path that sorts the logits; 0.17 no longer sorts them.
     inputs = ActivationInputs(
+        flashinfer_installed=True,
         max_num_batched_tokens=8192,
         max_num_seqs=1024,
         intermediate_size=0,
@@ -126,8 +127,9 @@ def test_the_sampler_sorts_only_from_0_11_1_to_0_16() -> None:
 
 def test_a_turing_gpu_under_0_8_to_0_10_samples_through_v0s_sorting_path() -> None:
     # vLLM 0.8-0.10 fall back to the V0 engine below compute capability 8.0, and V0's
-    # sampler sorts the logits; 0.11 has no V0 left.
+    # sampler sorts the logits even with FlashInfer installed; 0.11 has no V0 left.
     inputs = ActivationInputs(
+        flashinfer_installed=True,
         max_num_batched_tokens=2048,
         max_num_seqs=256,
         intermediate_size=0,
@@ -147,3 +149,26 @@ def test_a_turing_gpu_under_0_8_to_0_10_samples_through_v0s_sorting_path() -> No
     assert peak("0.8.5", "turing") == peak("0.10.1", "volta") == sorting
     assert peak("0.10.1", "ampere") != sorting
     assert peak("0.11.0", "turing") != sorting
+
+
+def test_before_0_11_1_v1_sorts_unless_flashinfer_is_installed() -> None:
+    # pip install vllm did not bring FlashInfer until vLLM PR 26443 (after 0.11.0); without
+    # it V1 falls back to the PyTorch-native path, which sorts the logits.
+    inputs = ActivationInputs(
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        intermediate_size=0,
+        hidden_size=3584,
+        vocab_size=152_064,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    model = OverheadModel()
+    entries = 256 * 152_064
+    pip_default = activation_peaks(inputs, release("0.10.1"), model)[0]
+    installed = activation_peaks(
+        replace(inputs, flashinfer_installed=True), release("0.10.1"), model
+    )
+    assert pip_default == int((model.sampler_sort_bytes + 2) * entries)
+    assert installed == (int((model.sampler_fixed_bytes + 2) * entries),)
