@@ -3,7 +3,8 @@
 For every real start-up in tests/fixtures/sizing/vllm_startup_points.csv, predict
 "Available KV cache memory" from the GPU, the flags, the release and the model's config
 (weights estimated from the config's parameter count; nothing vLLM printed is used) and
-compare with what vLLM printed (its first worker's figure, which is what it prints).
+compare with what vLLM printed (the tightest worker's: with PP the printed figure of the one
+PP row in the fixture is the tightest stage's, which its tokens confirm).
 
 Four predictors run side by side, so the ratios are measured in the same run:
 
@@ -13,7 +14,8 @@ Four predictors run side by side, so the ratios are measured in the same run:
   ``PRIOR`` (nothing learnt from any fixture row);
 * ``lofo``     — refitted without the row's whole architecture family (config model_type,
   MoE and VL variants folded in: llama, qwen2, qwen3, gpt_oss, ...): how the model does
-  on a family it has never seen, the honest out-of-sample error;
+  on a family it has never seen, the honest out-of-sample error, also reported by family,
+  GPU and release (median, p90 and max of each group);
 * ``naive``    — the budget many calculators use: ceiling − weights, no overheads.
 
 It also reports exactness: of the rows whose printed worker is the tightest one, the share

@@ -153,8 +153,9 @@ class Release:
         (github.com/llm-d-incubation/llm-d-planner@8f9dbb8,
         ``accuracy/scripts/sweep-versions.yaml``: Qwen3-14B on one H100, vLLM 0.15-0.18),
         where the activation peak drops from 5.64 to 2.23 GiB between 0.16 and 0.17 at
-        the same ``max_num_batched_tokens``. 0.11.0 and before count as sort-free: the
-        0.10.1.1 A100 starts leave room for nothing larger (dennislee22/vLLM-benchmarking).
+        the same ``max_num_batched_tokens``. Before 0.11.1 V1 is sort-free only where
+        FlashInfer is installed (``memory.sampler_path``): the 0.10.1.1 A100 starts that log
+        "Using FlashInfer" leave room for nothing larger (dennislee22/vLLM-benchmarking).
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
 
