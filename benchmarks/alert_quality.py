@@ -62,11 +62,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.library import builtin_names, load_scenario
 from exporter.log import configure
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, HORIZON
 from exporter.simulator.replay import Replay, Tick, replay
 from exporter.simulator.scenario import Scenario
-from exporter.simulator.simulation import builtin_names, load_scenario
 
 Condition = Callable[[list[Tick], int], bool]
 REAL = "real-traffic"

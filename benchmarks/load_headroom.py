@@ -43,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.library import builtin_names, load_scenario
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import Gpu, lookup_gpu
 from exporter.capacity.plan import Plan, PlanRequest, plan
@@ -52,7 +53,7 @@ from exporter.log import configure
 from exporter.simulator.engine import EngineConfig
 from exporter.simulator.replay import Replay, replay
 from exporter.simulator.scenario import Arrival, Scenario, parse_duration
-from exporter.simulator.simulation import builtin_names, load_scenario, size
+from exporter.simulator.simulation import size
 from exporter.sources.model_dir import load_model
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,

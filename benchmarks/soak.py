@@ -58,11 +58,11 @@ import structlog
 from aiohttp import web
 
 from exporter.config import Config
-from exporter.metrics import families_by_name
 from exporter.poller import PollerDeps
 from exporter.server import HANDLER_LIMITS, POLLER, create_app
 from exporter.simulator.nvml import SimulatedNvml
 from exporter.sources.nvml import NvmlReader
+from tests.exposition import families_by_name
 from tests.scripted_vllm import FAULTS, ScriptedVllm
 
 INTERVAL = 2.0

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 from exporter import __version__
@@ -133,16 +132,7 @@ class _Families:
             values = tuple(cut_label(v) for v in values)
         self._samples.setdefault(name, []).append((values, float(value)))
 
-    def families(self) -> Iterator[Metric]:
-        """As prometheus_client metric families (for tests that compare renderings)."""
-        for spec, samples in self._ordered():
-            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = cls(spec.full, spec.help, labels=spec.labels)
-            for labels, value in samples:
-                family.add_metric(list(labels), value)
-            yield family
-
-    def _ordered(self) -> Iterator[tuple[Spec, list[tuple[tuple[str, ...], float]]]]:
+    def ordered(self) -> Iterator[tuple[Spec, list[tuple[tuple[str, ...], float]]]]:
         for spec in METRICS:
             samples = self._samples.get(spec.name)
             if samples:
@@ -153,7 +143,7 @@ class _Families:
         writes for these families, without its per-sample validation (our names and label
         names are fixed above; label values are escaped here)."""
         out: list[str] = []
-        for spec, samples in self._ordered():
+        for spec, samples in self.ordered():
             out.append(_HEADERS[spec.name])
             for labels, value in samples:
                 prefix = _PREFIX_CACHE.get((spec.name, labels))
@@ -208,8 +198,10 @@ class SnapshotCollector:
         self._snap = snapshot
         self.limited: dict[str, int] = {}  # by limit, filled by a rendering
 
-    def collect(self) -> Iterator[Metric]:
-        yield from self._fill().families()
+    def samples(self) -> list[tuple[Spec, list[tuple[tuple[str, ...], float]]]]:
+        """What a rendering writes: each metric with samples, in METRICS order, and its
+        (label values, value) pairs, label values already cut."""
+        return list(self._fill().ordered())
 
     def text(self) -> str:
         return self._fill().text()
@@ -348,14 +340,3 @@ def render_counted(snapshot: Snapshot) -> tuple[bytes, dict[str, int]]:
     collector = SnapshotCollector(snapshot)
     text = collector.text()
     return text.encode(), collector.limited
-
-
-def families_by_name(text: str) -> Mapping[str, list[tuple[dict[str, str], float]]]:
-    """Parse an exposition back into {name: [(labels, value)]} (tests and benchmarks)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out

@@ -19,9 +19,9 @@ import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config import Config
-from exporter.metrics import families_by_name
 from exporter.poller import Poller, PollerDeps
 from exporter.server import POLLER, create_app
+from tests.exposition import families_by_name
 from tests.scripted_vllm import ScriptedVllm
 from tests.sidecar.conftest import TINYLLAMA, Clock, fixture_page
 

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.config import Config
-from exporter.metrics import families_by_name
 from exporter.poller import Poller, PollerDeps
 from exporter.sources.vllm import ModelCard, SourceError, read_page
 from exporter.sources.vllm_page import parse_page
 from tests.conftest import FIXTURES
+from tests.exposition import families_by_name
 from tests.properties.test_parser_properties import assert_sane
 from tests.sidecar.conftest import TINYLLAMA
 

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks.library import load_scenario
 from exporter import snapshot
 from exporter.risk.model import Inputs, Risk, assess
 from exporter.simulator.replay import replay
-from exporter.simulator.simulation import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PATH = "exporter/risk/model.py"

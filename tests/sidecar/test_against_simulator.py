@@ -7,12 +7,12 @@ import math
 
 from aiohttp.test_utils import TestServer
 
-from exporter.metrics import families_by_name
 from exporter.poller import PollerDeps
 from exporter.simulator.nvml import SimulatedNvml
 from exporter.simulator.server import create_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.sources.nvml import NvmlReader
+from tests.exposition import families_by_name
 from tests.sidecar.conftest import MakeRig
 from tests.sidecar.test_golden import check_metrics
 

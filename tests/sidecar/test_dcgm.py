@@ -13,10 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from exporter.config import load_config
-from exporter.metrics import families_by_name
 from exporter.poller import PollerDeps
 from exporter.serve_cli import SERVE_FLAGS
 from exporter.sources.dcgm import URL, parse_gpus
+from tests.exposition import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig, Rig, unused_port
 
 PAGE = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm" / "upcloud-uks-l40s.txt"

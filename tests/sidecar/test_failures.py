@@ -9,8 +9,8 @@ import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config import Config
-from exporter.metrics import families_by_name
 from exporter.server import create_app
+from tests.exposition import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig, fixture_page, unused_port
 from tests.sources.test_real_pages import served, without_series
 

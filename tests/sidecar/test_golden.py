@@ -15,7 +15,8 @@ from asyncio.subprocess import PIPE
 import pytest
 from prometheus_client.exposition import generate_latest
 
-from exporter.metrics import SnapshotCollector, families_by_name, render
+from exporter.metrics import render
+from tests.exposition import ClientFamilies, families_by_name
 from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig, fixture_page, golden_path
 from tests.sources.test_vllm_page import PAGES
 
@@ -135,4 +136,4 @@ async def test_rendering_is_byte_identical_to_prometheus_client(
     rig = await make_rig(fake_vllm.url, model_path=model_for(page))
     await rig.poll(2)
     snapshot = rig.poller.snapshot
-    assert render(snapshot) == generate_latest(SnapshotCollector(snapshot))
+    assert render(snapshot) == generate_latest(ClientFamilies(snapshot))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.metrics import families_by_name
+from tests.exposition import families_by_name
 from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig
 
 

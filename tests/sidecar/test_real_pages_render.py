@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import structlog
 
-from exporter.metrics import families_by_name
+from tests.exposition import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig
 from tests.sidecar.test_golden import check_metrics
 from tests.sources.test_real_pages import READABLE, served

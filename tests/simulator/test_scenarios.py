@@ -6,9 +6,10 @@ import functools
 
 import pytest
 
+from benchmarks.library import builtin_names, load_scenario
 from exporter.errors import InputError
 from exporter.simulator.scenario import Scenario, parse_scenario
-from exporter.simulator.simulation import Simulation, builtin_names, load_scenario
+from exporter.simulator.simulation import Simulation
 
 NAMES = builtin_names()
 
