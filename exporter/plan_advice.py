@@ -157,7 +157,8 @@ def recommendation_lines(r: Recommendations, max_queue_wait: float) -> list[str]
     rule = f"no preemption, p{QUEUE_WAIT_QUANTILE * 100:.0f} queue wait ≤ {max_queue_wait:g} s"
     searched = (
         f"{r.replayed} of {r.planned} deployments replayed ({r.ruled_out} ruled out by "
-        f"arithmetic, {r.dominated} no better than one that failed), {r.wall_seconds:.1f} s"
+        f"their prefill queue, {r.dominated} no better than one that failed), "
+        f"{r.wall_seconds:.1f} s"
     )
     if not r.found:
         why = (

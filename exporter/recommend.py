@@ -14,11 +14,10 @@ Replays are slow, so the search is pruned, cheapest first:
   (smallest first), the model's own KV dtype before fp8 (tried only where the model's own
   did not hold), fewer TP (more replicas) first;
 * every candidate is planned (the arithmetic of ``plan``; a deployment vLLM would refuse is
-  dropped), then checked against lower bounds on the work the log brings a replica, with no
-  replay: prefill of the tokens no earlier request could have cached, a step of at least
-  the weights' read per ``max_num_seqs`` tokens decoded, and each prompt held in the cache
-  for at least its decode; a replica busier than the log's span (plus the bound) on any of
-  them cannot hold it;
+  dropped), then ruled out with no replay where its queue behind prefill alone fails the
+  bound (``Prefill``: FCFS admission, at most ``max_num_batched_tokens`` of prompt per
+  step of at least the weights' read, only prompt tokens no earlier request could have
+  cached) — a lower bound on each request's wait, so it rules out only sure failures;
 * a candidate no better than one that failed on every count (no more replicas, blocks or
   batched tokens, the same ``max_num_seqs``, no faster step) is skipped;
 * ``max_num_seqs`` other than the default is tried only where the default failed, in the
@@ -35,6 +34,7 @@ Pure apart from running the simulator.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +47,7 @@ from exporter.simulator.scenario import Scenario
 from exporter.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
+    QUEUE_WAIT_QUANTILE,
     Limit,
     Outcome,
     Traffic,
@@ -86,7 +87,7 @@ class Recommendation:
 class Recommendations:
     found: tuple[Recommendation, ...]  # fewest GPUs first; empty when none held
     planned: int  # candidates that start, up to the count searched
-    ruled_out: int  # by the lower bounds, without a replay
+    ruled_out: int  # by the prefill bound, without a replay
     dominated: int  # skipped: no better than one that failed
     replayed: int  # replayed at 1×
     capped: bool  # the replay cap stopped the search before a count held
@@ -98,41 +99,52 @@ class Recommendations:
         return self.found[0].candidate.gpus if self.found else None
 
 
-@dataclass(frozen=True)
-class Demand:
-    """Lower bounds on what the log asks of an engine, summed over its requests at 1×."""
+class Prefill:
+    """A sure failure found without a replay: the queue behind prefill.
 
-    prefill_tokens: int  # prompt tokens no earlier request could have left in a cache
-    decode_tokens: int  # output tokens, every sample
-    kv_token_decodes: int  # Σ prompt tokens held × output tokens: cache × decode steps
-    window: float  # seconds they arrive in, plus the queue bound
+    vLLM admits FCFS, and a request is scheduled with its first prefill chunk, so it cannot
+    be scheduled before the prompts ahead of it are prefilled but for one step's budget. A
+    step computes at most ``max_num_batched_tokens`` (B) prompt tokens and lasts at least
+    ``step_base_s + B × per_prefill_token_s``, which caps the rate prompts are prefilled at.
+    Counting only the prompt tokens no earlier request could have left in a cache (a lower
+    bound), each request's earliest schedule follows; where more requests than the p95
+    allows wait longer than the bound even so, the replay could only fail."""
 
-    @classmethod
-    def of(cls, traffic: Traffic, max_queue_wait: float) -> Demand:
+    def __init__(self, traffic: Traffic, max_queue_wait: float, max_model_len: int) -> None:
+        self.traffic = traffic
+        self.bound = max_queue_wait
+        self.own: dict[int, int] = {}
         seen: set[int] = set()
-        prefill = decode = held = 0
         for a in traffic.base:
+            prompt = max(1, min(a.prompt, max_model_len - 1))
             if a.block_hashes:
                 fresh = sum(1 for h in a.block_hashes if h not in seen)
                 seen.update(a.block_hashes)
                 cached = (len(a.block_hashes) - fresh) * a.hash_tokens
-                own = max(0, a.prompt - cached)
             else:
-                own = max(0, a.prompt - a.prefix_len)
-            prefill += own
-            decode += a.n * a.generation
-            held += a.n * own * a.generation
-        return cls(prefill, decode, held, traffic.span + max_queue_wait)
+                cached = a.prefix_len
+            self.own[id(a)] = max(0, prompt - cached)
+        self.shares: dict[int, tuple[Traffic, ...]] = {}
 
-    def load(self, config: EngineConfig, replicas: int) -> float:
-        """The busiest of compute and cache a replica's share needs, as a share of the
-        window; 1 or more cannot hold."""
-        window = max(self.window, 1e-9) * replicas
-        steps = self.decode_tokens / max(config.max_num_seqs, 1)
-        compute = self.prefill_tokens * config.per_prefill_token_s + steps * config.step_base_s
-        tokens = config.num_blocks * config.block_size
-        cache = self.kv_token_decodes * config.step_base_s / max(tokens, 1)
-        return max(compute, cache) / window
+    def share(self, replicas: int) -> tuple[Traffic, ...]:
+        if replicas not in self.shares:
+            self.shares[replicas] = split_traffic(self.traffic, replicas)
+        return self.shares[replicas]
+
+    def fails(self, config: EngineConfig, replicas: int) -> bool:
+        budget = max(config.max_num_batched_tokens, 1)
+        rate = budget / (config.step_base_s + budget * config.per_prefill_token_s)
+        for share in self.share(replicas):
+            total = sum(a.n for a in share.base)
+            allowed = math.floor((1 - QUEUE_WAIT_QUANTILE) * total)
+            ahead = late = 0
+            for a in share.base:
+                if (ahead - budget) / rate - a.time > self.bound:
+                    late += a.n
+                    if late > allowed:
+                        return True
+                ahead += self.own[id(a)]
+        return False
 
 
 def _no_better(c: Candidate, failed: Candidate) -> bool:
@@ -253,17 +265,14 @@ def recommend(
         own_kv = 2.0
     kv_dtypes = ("auto", "fp8") if own_kv > 1 else ("auto",)
     planner = _Planner(base, scenario)
-    demand = Demand.of(traffic, max_queue_wait)
-    shares: dict[int, tuple[Traffic, ...]] = {}
+    prefill = Prefill(traffic, max_queue_wait, base.max_model_len)
     failed: list[Candidate] = []
     found: list[tuple[Candidate, Outcome]] = []
     planned = ruled_out = dominated = replayed = 0
     largest = 0
 
     def replay_at(c: Candidate, multiplier: float) -> Outcome:
-        parts = shares.get(c.replicas)
-        if parts is None:
-            parts = shares[c.replicas] = split_traffic(traffic, c.replicas)
+        parts = prefill.share(c.replicas)
         # The busiest share first: where it fails, the others need no replay.
         order = sorted(parts, key=lambda t: -sum(a.prompt + a.generation for a in t.base))
         outcomes = []
@@ -274,11 +283,11 @@ def recommend(
         return _combine(multiplier, outcomes)
 
     def attempt(c: Candidate) -> Outcome | str:
-        """The 1× replay of ``c``, or why it needs none: ``ruled_out`` (too busy by the
-        lower bounds) or ``dominated`` (no better than one that failed)."""
+        """The 1× replay of ``c``, or why it needs none: ``ruled_out`` (its prefill queue
+        alone fails) or ``dominated`` (no better than one that failed)."""
         nonlocal planned, ruled_out, dominated, replayed
         planned += 1
-        if demand.load(c.config, c.replicas) >= 1:
+        if prefill.fails(c.config, c.replicas):
             ruled_out += 1
             return "ruled_out"
         if any(_no_better(c, f) for f in failed):
@@ -355,24 +364,22 @@ def _try_batches(
     replicas: int,
 ) -> tuple[Candidate, Outcome] | None:
     """The deployment at the default ``max_num_seqs`` (the one given, else vLLM's for the
-    GPU); where it fails, once more at twice or half of it, as its failure points (twice
-    where the lower bounds ruled it out: fewer decode steps for the same tokens)."""
+    GPU); where its replay fails, once more at twice or half of it, as its failure points
+    (the prefill bound does not depend on it)."""
     given = planner.base.request.max_num_seqs
     p = planner.plan(gpu, tp, kv, given)
     if p is None:
         return None
     c = planner.candidate(p, replicas)
     outcome = attempt(c)
-    if isinstance(outcome, Outcome) and outcome.held:
-        return c, outcome
-    if outcome == "dominated":
+    if not isinstance(outcome, Outcome):
         return None
+    if outcome.held:
+        return c, outcome
     other = None
-    if outcome == "ruled_out" or (
-        isinstance(outcome, Outcome) and outcome.binding == "max_num_seqs"
-    ):
+    if outcome.binding == "max_num_seqs":
         other = p.max_num_seqs * 2
-    elif isinstance(outcome, Outcome) and outcome.binding == "kv_cache" and p.max_num_seqs > 1:
+    elif outcome.binding == "kv_cache" and p.max_num_seqs > 1:
         other = p.max_num_seqs // 2
     if other is None:
         return None

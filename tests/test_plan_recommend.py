@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
+import termios
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from exporter.capacity.arch import parse_config
+from exporter.capacity.gpus import lookup_gpu
+from exporter.capacity.plan import PlanRequest
+from exporter.capacity.plan import plan as plan_request
+from exporter.capacity.releases import release
 from exporter.cli import main
+from exporter.recommend import Prefill
+from exporter.traffic import DEFAULT_MAX_QUEUE_WAIT, engine_at, load_traffic, replay, split_traffic
+from tests.conftest import fixture_config
+from tests.test_plan_traffic_cli import read_until_exit
 
 PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
 COARSE = ["--traffic-precision", "0.2"]  # the multiples' search: a few probes, not a dozen
@@ -117,13 +132,15 @@ def test_a_search_out_of_replays_says_so(
     assert "(raise --recommend-replays)" in out
 
 
-def test_no_recommendation_without_what_ifs_or_replays(
+def test_the_recommendation_comes_without_the_what_ifs_and_goes_with_no_replays(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     log = str(write_log(tmp_path))
-    for flag in (["--no-what-if"], ["--recommend-replays", "0"]):
-        _, doc = plan(capsys, "--traffic", log, *flag)
-        assert "recommendations" not in doc
+    _, doc = plan(capsys, "--traffic", log, "--no-what-if", "--recommend-gpus", "L4")
+    assert doc["what_if"] == []
+    assert doc["recommendations"]
+    _, doc = plan(capsys, "--traffic", log, "--recommend-replays", "0")
+    assert "recommendations" not in doc
 
 
 def test_a_deployment_that_would_not_start_still_gets_one_that_holds(
@@ -151,3 +168,39 @@ def test_a_deployment_that_would_not_start_still_gets_one_that_holds(
     assert "traffic" not in doc
     assert doc["recommendations"][0]["gpus"] >= 2
     assert doc["recommendations"][0]["gpu"] == "H100-80GB"
+
+
+def test_the_search_shows_on_the_same_progress_line(tmp_path: Path) -> None:
+    leader, follower = pty.openpty()
+    termios.tcsetwinsize(follower, (24, 300))
+    command = [sys.executable, "-m", "exporter", *PLAN, *COARSE]
+    log = write_log(tmp_path)
+    proc = subprocess.Popen(
+        [*command, "--traffic", str(log), "--recommend-gpus", "L4"],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+    )
+    os.close(follower)
+    try:
+        shown = read_until_exit(leader, proc, timeout=120).decode()
+        proc.communicate(timeout=120)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 1
+    assert shown.count("\n") == 1
+    assert any(r.startswith("recommending: ") for r in shown.split("\r"))
+
+
+def test_what_the_prefill_bound_rules_out_fails_its_replay(tmp_path: Path) -> None:
+    traffic, scenario = load_traffic(str(write_log(tmp_path)))
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    request = PlanRequest(arch, "llama", lookup_gpu("L4"), release("0.32.0"), max_model_len=8192)
+    prefill = Prefill(traffic, DEFAULT_MAX_QUEUE_WAIT, 8192)
+    ruled_out = 0
+    for tp, replicas in [(1, 1), (1, 2), (2, 1), (1, 3), (2, 2), (4, 1)]:
+        config = engine_at(plan_request(replace(request, tensor_parallel_size=tp)), scenario)
+        if prefill.fails(config, replicas):
+            ruled_out += 1
+            shares = split_traffic(traffic, replicas)
+            assert not all(replay(s, config, 1.0).held for s in shares)
+    assert ruled_out >= 2

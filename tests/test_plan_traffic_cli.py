@@ -234,6 +234,8 @@ def test_a_scenario_is_traffic_too(capsys: pytest.CaptureFixture[str]) -> None:
         "--traffic",
         "steady-full",
         "--no-what-if",
+        "--recommend-replays",
+        "0",
         "--output",
         "json",
     )
