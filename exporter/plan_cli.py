@@ -553,6 +553,7 @@ def run_traffic(
                 max_replays=args.recommend_replays,
                 gpus=gpus or None,
                 say=say,
+                jobs=args.traffic_jobs,
             )
         wall = time.perf_counter() - started
         if say is not None:

@@ -37,6 +37,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from exporter.capacity.gpus import Gpu
@@ -250,9 +251,12 @@ def recommend(
     max_replays: int = DEFAULT_MAX_REPLAYS,
     gpus: Sequence[Gpu] | None = None,
     say: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> Recommendations:
     """The deployments with the fewest GPUs that hold ``traffic`` (see the module's doc);
-    ``gpus`` are those to choose from (default: the table's, of the planned GPU's vendor)."""
+    ``gpus`` are those to choose from (default: the table's, of the planned GPU's vendor);
+    with ``jobs`` > 1, the searches for the multiples held probe that many at once, in
+    parallel processes."""
     started = time.perf_counter()
     req = base.request
     pool = sorted(gpus or _same_vendor(req.gpu), key=lambda g: (g.total_bytes, g.name))
@@ -272,15 +276,8 @@ def recommend(
     largest = 0
 
     def replay_at(c: Candidate, multiplier: float) -> Outcome:
-        parts = prefill.share(c.replicas)
-        # The busiest share first: where it fails, the others need no replay.
-        order = sorted(parts, key=lambda t: -sum(a.prompt + a.generation for a in t.base))
-        outcomes = []
-        for share in order:
-            outcomes.append(replay(share, c.config, multiplier, max_queue_wait=max_queue_wait))
-            if not outcomes[-1].held:
-                break
-        return _combine(multiplier, outcomes)
+        shares = prefill.share(c.replicas)
+        return _replay_shares(shares, c.config, multiplier, max_queue_wait)
 
     def attempt(c: Candidate) -> Outcome | str:
         """The 1× replay of ``c``, or why it needs none: ``ruled_out`` (its prefill queue
@@ -325,16 +322,33 @@ def recommend(
                     break
 
     out: list[Recommendation] = []
-    for c, first in found:
+    workers = _pool(traffic, max_queue_wait, jobs) if found and jobs > 1 else None
+    try:
+        for c, first in found:
 
-        def evaluate(m: float, c: Candidate = c, first: Outcome = first) -> Outcome:
-            if m == 1.0:
-                return first
-            if say is not None:
-                say(f"recommending: {c.gpus} GPUs · {describe(c)} · ×{m:.3g}")
-            return replay_at(c, m)
+            def evaluate(m: float, c: Candidate = c, first: Outcome = first) -> Outcome:
+                if m == 1.0:
+                    return first
+                if say is not None:
+                    say(f"recommending: {c.gpus} GPUs · {describe(c)} · ×{m:.3g}")
+                return replay_at(c, m)
 
-        out.append(Recommendation(c, first, search(evaluate, precision=precision)))
+            many = None
+            if workers is not None:
+
+                def many(ms: Sequence[float], c: Candidate = c) -> Sequence[Outcome]:
+                    assert workers is not None
+                    if say is not None:
+                        shown = ", ".join(f"×{m:.3g}" for m in ms)
+                        say(f"recommending: {c.gpus} GPUs · {describe(c)} · {shown}")
+                    tasks = [(c.config, c.replicas, m) for m in ms]
+                    return list(workers.map(_replay_in_worker, tasks))
+
+            limit = search(evaluate, precision=precision, width=max(jobs, 1), evaluate_many=many)
+            out.append(Recommendation(c, first, limit))
+    finally:
+        if workers is not None:
+            workers.shutdown(cancel_futures=True)
     # Fewest GPUs, then the smallest GPU, then the most headroom on it.
     out.sort(
         key=lambda r: (
@@ -353,6 +367,43 @@ def recommend(
         largest=largest,
         wall_seconds=time.perf_counter() - started,
     )
+
+
+def _replay_shares(
+    shares: Sequence[Traffic], config: EngineConfig, multiplier: float, bound: float
+) -> Outcome:
+    """Every replica's share at ``multiplier``, the busiest first: where one fails, the
+    others need no replay."""
+    order = sorted(shares, key=lambda t: -sum(a.prompt + a.generation for a in t.base))
+    outcomes = []
+    for share in order:
+        outcomes.append(replay(share, config, multiplier, max_queue_wait=bound))
+        if not outcomes[-1].held:
+            break
+    return _combine(multiplier, outcomes)
+
+
+# Each worker holds the traffic once and splits it per replica count as asked.
+_WORKER: dict[str, object] = {}
+
+
+def _init_worker(traffic: Traffic, bound: float) -> None:
+    _WORKER.update(traffic=traffic, bound=bound, shares={})
+
+
+def _replay_in_worker(task: tuple[EngineConfig, int, float]) -> Outcome:
+    config, replicas, multiplier = task
+    traffic, bound, shares = _WORKER["traffic"], _WORKER["bound"], _WORKER["shares"]
+    assert isinstance(traffic, Traffic)
+    assert isinstance(bound, float)
+    assert isinstance(shares, dict)
+    if replicas not in shares:
+        shares[replicas] = split_traffic(traffic, replicas)
+    return _replay_shares(shares[replicas], config, multiplier, bound)
+
+
+def _pool(traffic: Traffic, bound: float, jobs: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(traffic, float(bound)))
 
 
 def _try_batches(

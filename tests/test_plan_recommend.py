@@ -206,3 +206,20 @@ def test_what_the_prefill_bound_rules_out_fails_its_replay(tmp_path: Path) -> No
             shares = split_traffic(traffic, replicas)
             assert not all(replay(s, config, 1.0).held for s in shares)
     assert ruled_out >= 2
+
+
+def test_parallel_probes_find_the_same_deployments_each_to_the_precision(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Near its threshold a multiple's verdict is not strictly monotone (traffic-headroom.md),
+    # so the brackets of a 3-wide and a 1-wide search need not overlap at this precision.
+    log = str(write_log(tmp_path))
+    runs = []
+    for jobs in ("1", "3"):
+        _, doc = plan(capsys, "--traffic", log, "--recommend-gpus", "L4", "--traffic-jobs", jobs)
+        runs.append(doc["recommendations"])
+    one, three = runs
+    assert [r["change"] for r in one] == [r["change"] for r in three]
+    for r in three:
+        assert r["max_multiplier"] >= 1
+        assert r["failed_multiplier"] / r["max_multiplier"] - 1 <= 0.2 + 1e-9
