@@ -260,7 +260,7 @@ def recommend(
     started = time.perf_counter()
     req = base.request
     pool = sorted(gpus or _same_vendor(req.gpu), key=lambda g: (g.total_bytes, g.name))
-    if req.gpu.name not in {g.name for g in pool} and gpus is None:
+    if req.gpu.family == "unknown" and gpus is None:
         pool.insert(0, req.gpu)  # a GPU given by its size is one the user has
     pp = req.pipeline_parallel_size
     try:
