@@ -2,16 +2,20 @@
 
 In order of trust: vLLM's own ``cache_config_info`` labels, ``/v1/models`` and
 ``/version``; the vLLM command line (when the pod shares its process namespace); the
-sidecar's ``deployment:`` config. Pure: every input is passed in.
+sidecar's ``deployment:`` config. Pure (every input is passed in) but for a drafter's
+config.json, read where ``--speculative-config`` names a local path (``read_local_draft``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from exporter.cache_config import CacheConfig
-from exporter.capacity.arch import ModelArch
+from exporter.capacity.arch import ModelArch, parse_config
+from exporter.capacity.deploy_flags import deployment_flags
 from exporter.capacity.gpus import CPU, Gpu, lookup_gpu
 from exporter.capacity.plan import PlanRequest
 from exporter.capacity.releases import DEFAULT_VERSION, release
@@ -43,6 +47,18 @@ FLAGS = (
     "kv_cache_memory_bytes",
     "gpu",
     "weights_bytes",
+    # Flags that move the budget or the blocks (capacity/deploy_flags.py).
+    "speculative_config",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
+    "fully_sharded_loras",
+    "lora_dtype",
+    "cpu_offload_gb",
+    "kv_offloading_size",
+    "skip_mm_profiling",
+    "limit_mm_per_prompt",
+    "language_model_only",
 )
 
 
@@ -139,8 +155,13 @@ def plan_request(
     gpu: Gpu,
     weights_bytes: int | None,
     weights_source: str,
+    load_draft: Callable[[str], ModelArch | None] | None = None,
 ) -> PlanRequest:
-    """The expected deployment, as ``kv-headroom plan`` would size it."""
+    """The expected deployment, as ``kv-headroom plan`` would size it.
+
+    ``load_draft`` reads the config of a drafter named in ``--speculative-config``; by
+    default ``read_local_draft``, which finds it only at a path this process can read.
+    """
     version = deployment.str_("vllm_version") or DEFAULT_VERSION
     try:
         rel = release(version, "vllm_version")
@@ -165,4 +186,20 @@ def plan_request(
         quantization=deployment.str_("quantization"),
         weights_bytes=deployment.int_("weights_bytes") or weights_bytes,
         weights_source=weights_source,
+        **deployment_flags(
+            deployment.values, arch, read_local_draft if load_draft is None else load_draft
+        ),
     )
+
+
+def read_local_draft(model: str) -> ModelArch | None:
+    """A drafter's architecture from its ``config.json`` at ``model`` (a directory or the
+    file), or None where no such file is readable: an id on the Hub is not fetched from
+    inside the sidecar. The one file this module reads."""
+    path = Path(model).expanduser()
+    config_path = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        return parse_config(config, str(config_path))
+    except (OSError, ValueError, InputError):
+        return None

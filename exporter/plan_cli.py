@@ -12,8 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.capacity.arch import parse_config
+from exporter.capacity.arch import ModelArch, parse_config
 from exporter.capacity.catalogue import describe
+from exporter.capacity.deploy_flags import (
+    NO_KV_METHODS,
+    Lora,
+    MultimodalProfile,
+    parse_mm_limits,
+    parse_speculative_config,
+    speculative_from,
+)
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GpuChoice, parse_bytes, resolve_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
@@ -178,6 +186,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="one KV group for all layers, as vLLM's flag of that name",
     )
+    _add_deploy_flags(p)
     p.add_argument(
         "--weights-bytes",
         metavar="BYTES",
@@ -259,6 +268,116 @@ def add_parser(sub: Any) -> None:
         "e.g. 64:8192 or 64:8k",
     )
     p.set_defaults(func=run)
+
+
+def _add_deploy_flags(p: Any) -> None:
+    """vLLM's flags that move the budget or the blocks without being KV flags (each as
+    vLLM 0.32 and 0.33 apply it: exporter/capacity/deploy_flags.py)."""
+    p.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='as vLLM takes it, e.g. \'{"method": "eagle3", "model": "DIR or id", '
+        '"num_speculative_tokens": 3}\' (ngram, suffix: no memory; eagle, eagle3, '
+        "draft_model: the drafter's config from its model; mtp: the model's own modules)",
+    )
+    p.add_argument("--enable-lora", action="store_true", help="allocate LoRA buffers")
+    p.add_argument("--max-loras", metavar="N", type=_positive, help="with --enable-lora (vLLM: 1)")
+    p.add_argument(
+        "--max-lora-rank", metavar="N", type=_positive, help="with --enable-lora (vLLM: 16)"
+    )
+    p.add_argument(
+        "--fully-sharded-loras", action="store_true", help="shard the LoRA A/B buffers over TP"
+    )
+    p.add_argument(
+        "--lora-dtype",
+        default="auto",
+        choices=("auto", "float16", "bfloat16", "float32"),
+        help="LoRA buffers' dtype (default: the model's)",
+    )
+    p.add_argument(
+        "--cpu-offload-gb",
+        metavar="GIB",
+        type=_gib_amount("--cpu-offload-gb"),
+        default=0.0,
+        help="GiB of weights per GPU kept in host memory (vLLM's UVA offload)",
+    )
+    p.add_argument(
+        "--kv-offloading-size",
+        metavar="GIB",
+        type=_gib_amount("--kv-offloading-size"),
+        help="a CPU KV tier of this many GiB (the GPU blocks do not change)",
+    )
+    p.add_argument(
+        "--skip-mm-profiling",
+        action="store_true",
+        help="vLLM skips the multimodal encoder in its memory profile",
+    )
+    p.add_argument(
+        "--limit-mm-per-prompt",
+        metavar="JSON",
+        help="items per prompt by modality, e.g. '{\"image\": 0}' (0 for all: text only)",
+    )
+    p.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="serve a multimodal model as text only (no encoder profile)",
+    )
+
+
+def _gib_amount(flag: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: {flag} takes GiB, e.g. 4 or 0.5")
+        return value
+
+    return parse
+
+
+def deploy_flags(args: argparse.Namespace, arch: ModelArch) -> dict[str, Any]:
+    """The PlanRequest fields of ``_add_deploy_flags``'s flags; a draft model named in
+    ``--speculative-config`` is read like ``--model`` (path, catalogue or Hub id)."""
+    out: dict[str, Any] = {}
+    if args.speculative_config:
+        doc = parse_speculative_config(args.speculative_config, "--speculative-config")
+        draft, weights, source = None, None, ""
+        method = doc["method"]
+        if doc.get("model") and method not in ("mtp", *NO_KV_METHODS):
+            loaded = load_model(str(doc["model"]))
+            draft = parse_config(loaded.config, loaded.config_path, name=loaded.name)
+            weights, source = loaded.weights_bytes, loaded.weights_source
+        elif method in ("eagle", "eagle3", "draft_model", "dflash"):
+            raise InputError(
+                "--speculative-config", "model", None, f"is needed with method {method}"
+            )
+        out["speculative"] = speculative_from(
+            doc,
+            target=arch,
+            draft=draft,
+            draft_weights_bytes=weights,
+            draft_weights_source=source,
+        )
+    lora_sizes = args.max_loras is not None or args.max_lora_rank is not None
+    if lora_sizes and not args.enable_lora:
+        raise InputError("--max-loras", "", None, "and --max-lora-rank need --enable-lora")
+    if args.enable_lora:
+        out["lora"] = Lora(
+            max_loras=args.max_loras or 1,
+            max_lora_rank=args.max_lora_rank or 16,
+            fully_sharded=args.fully_sharded_loras,
+            lora_dtype=args.lora_dtype,
+        )
+    out["cpu_offload_gb"] = args.cpu_offload_gb
+    out["kv_offloading_size"] = args.kv_offloading_size
+    out["mm_profile"] = MultimodalProfile(
+        skip=args.skip_mm_profiling,
+        limits=parse_mm_limits(args.limit_mm_per_prompt or "", "--limit-mm-per-prompt"),
+        language_model_only=args.language_model_only,
+    )
+    return out
 
 
 def _tokens(text: str) -> int:
@@ -436,6 +555,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         contexts=parse_contexts(args.context),
         async_scheduling=args.async_scheduling,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
+        **deploy_flags(args, arch),
     )
 
 
@@ -697,6 +817,7 @@ def plan_json(
             "non_torch_bytes": t.non_torch,
             "cuda_graph_bytes": t.cuda_graph,
         },
+        "deploy_flags": _deploy_flags_json(p),
         "sources": p.sources,
         "approximate": list(req.arch.approximate),
         "notes": list(p.notes),
@@ -782,6 +903,39 @@ def traffic_lines(t: TrafficReport) -> list[str]:
     return lines
 
 
+def _flag_rows(p: Plan) -> list[tuple[str, str, str]]:
+    """What the deployment flags put into (or take out of) the weights row."""
+    src, mem = p.sources, p.flag_memory
+    rows = []
+    if "draft_weights" in mem:
+        rows.append(("  of which the drafter", _gib(mem["draft_weights"]), src["draft_weights"]))
+    if "lora_buffers" in mem:
+        rows.append(("  of which LoRA buffers", _gib(mem["lora_buffers"]), src["lora_buffers"]))
+    if "cpu_offloaded" in mem:
+        rows.append(("  kept on the host", "−" + _gib(mem["cpu_offloaded"]), src["cpu_offload"]))
+    return rows
+
+
+def _deploy_flags_json(p: Plan) -> dict[str, Any]:
+    req = p.request
+    spec = req.speculative
+    return {
+        "speculative": None
+        if spec is None
+        else {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "draft_kv_layers": len(spec.kv_layers),
+            "lookahead_tokens": spec.lookahead_tokens,
+            "draft_weights_bytes": p.flag_memory.get("draft_weights", 0),
+        },
+        "lora_buffer_bytes": p.flag_memory.get("lora_buffers"),
+        "cpu_offloaded_bytes": p.flag_memory.get("cpu_offloaded"),
+        "kv_offloading_size_gib": req.kv_offloading_size,
+        "encoder_profile": p.sources.get("encoder_profile"),
+    }
+
+
 def render_table(
     p: Plan,
     alternatives: Sequence[WhatIf] = (),
@@ -806,6 +960,7 @@ def render_table(
             ("GPU memory (CUDA total)", _gib(req.gpu.total_bytes), req.gpu.source),
             (f"× gpu-memory-utilization {p.utilization:g}", _gib(t.requested), src["utilization"]),
             ("− weights (this GPU)", _gib(t.weights), src.get("weights", "unknown")),
+            *_flag_rows(p),
             ("− activation peak", _gib(t.activation), src["activation"]),
             ("− non-torch", _gib(t.non_torch), src["non_torch"]),
             ("− CUDA graphs", _gib(t.cuda_graph), src["cuda_graph"]),

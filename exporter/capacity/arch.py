@@ -110,6 +110,8 @@ class ModelArch:
     quantization: Quantization | None
     vision_params: int = 0  # a multimodal model's vision tower, loaded with it
     vision_profile_elems: int = 0  # patches of the largest image × the tower's MLP width
+    vision_item_tokens: int = 0  # the language model's tokens for that image
+    mtp_layers: int = 0  # multi-token-prediction modules the checkpoint ships
     partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
@@ -427,6 +429,8 @@ def parse_config(
         quantization=_quantization(config, inner, origin),
         vision_params=vision_params(config),
         vision_profile_elems=vision_profile_elems(config),
+        vision_item_tokens=vision_item_tokens(config),
+        mtp_layers=mtp_layers(config),
         partial_rotary_factor=_rotary_factor(r),
         final_logit_softcapping=_softcap(r),
         approximate=tuple(dict.fromkeys(approximate)),
@@ -890,6 +894,40 @@ def vision_profile_elems(config: Mapping[str, Any]) -> int:
     else:
         patches = _DYNAMIC_RES_PATCHES
     return patches * inter
+
+
+def mtp_layers(config: Mapping[str, Any]) -> int:
+    """The MTP modules a checkpoint ships (DeepSeek/GLM/MiMo ``num_nextn_predict_layers``,
+    Qwen3-Next ``mtp_num_hidden_layers``); vLLM's MTP drafters build every one
+    (vllm/config/speculative.py::hf_config_override: ``n_predict``)."""
+    inner = config.get("text_config")
+    for cfg in (config, inner if isinstance(inner, Mapping) else {}):
+        for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers"):
+            value = cfg.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0
+
+
+def vision_item_tokens(config: Mapping[str, Any]) -> int:
+    """The language model's tokens for the largest image (0 without a vision tower).
+
+    ``mm_tokens_per_image`` where the config gives it (Gemma 3: 256, pooled from 4,096
+    patches); otherwise the patches of ``vision_profile_elems`` over the tower's
+    ``spatial_merge_size`` squared (Qwen-VL merges 2 × 2 patches into one token).
+    """
+    fixed = config.get("mm_tokens_per_image")
+    if isinstance(fixed, int) and not isinstance(fixed, bool) and fixed > 0:
+        return fixed
+    vc = config.get("vision_config")
+    elems = vision_profile_elems(config)
+    if not isinstance(vc, Mapping) or not elems:
+        return 0
+    inter = vc.get("intermediate_size") or vc.get("mlp_dim")
+    merge = vc.get("spatial_merge_size") or 1
+    if not isinstance(inter, int) or not isinstance(merge, int) or inter <= 0 or merge <= 0:
+        return 0
+    return max(1, elems // inter // (merge * merge))
 
 
 def vision_params(config: Mapping[str, Any]) -> int:

@@ -130,6 +130,10 @@ class Layout:
     page_bytes: int
     padding_layers: int  # layers vLLM adds so groups are equal-sized (memory it wastes)
     stage_layers: tuple[range, ...]  # the layers each PP stage holds
+    # Bytes each block id also costs on the last stage: the pages of layers with another
+    # page size in a uniform-type group (a drafter's full-attention layers beside the
+    # target's: vllm/v1/kv_cache_interface.py::UniformTypeKVCacheSpecs sums the pages).
+    extra_block_bytes: int = 0
 
     @property
     def num_groups(self) -> int:
@@ -139,7 +143,8 @@ class Layout:
         """Bytes one block id costs on ``stage``: page × its largest projected group."""
         held = self.stage_layers[stage]
         largest = max(sum(1 for i in g.layers if i in held) for g in self.groups)
-        return self.page_bytes * largest
+        extra = self.extra_block_bytes if stage == len(self.stage_layers) - 1 else 0
+        return self.page_bytes * largest + extra
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         return sum(g.spec.blocks_per_request(length, in_flight_tokens) for g in self.groups)

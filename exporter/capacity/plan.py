@@ -7,10 +7,20 @@ default, estimate, given), so a reader can tell arithmetic from assumption.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from exporter.capacity.arch import LayerKind, ModelArch
+from exporter.capacity.deploy_flags import (
+    DEFAULT_MM_PROFILE,
+    Lora,
+    MultimodalProfile,
+    Speculative,
+    encoder_profile_items,
+    lora_buffer_bytes,
+    offloaded_bytes,
+)
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GIB, Gpu, neighbours
 from exporter.capacity.kvcache import (
@@ -23,6 +33,8 @@ from exporter.capacity.kvcache import (
     build_layout,
     capacity,
     kv_dtype_bytes,
+    layer_page_bytes,
+    pp_partition,
     sequences_that_fit,
     startup_check,
 )
@@ -79,6 +91,12 @@ class PlanRequest:
     # FlashInfer installed beside vLLM: before 0.11.1 it decides whether V1 samples
     # sort-free; None is ``pip install vllm``'s default (memory.sampler_path).
     flashinfer_installed: bool | None = None
+    # Flags that move the budget or the blocks without being KV flags (deploy_flags.py).
+    speculative: Speculative | None = None  # --speculative-config
+    lora: Lora | None = None  # --enable-lora (--max-loras, --max-lora-rank)
+    cpu_offload_gb: float = 0.0  # --cpu-offload-gb, per GPU
+    kv_offloading_size: float | None = None  # --kv-offloading-size GiB (a CPU tier)
+    mm_profile: MultimodalProfile = DEFAULT_MM_PROFILE  # --skip-mm-profiling, limits
     overhead: OverheadModel = DEFAULT_OVERHEAD
 
 
@@ -101,6 +119,9 @@ class Plan:
     startup_failure: StartupFailure | None
     sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # Bytes per GPU (the stage that holds most) the deployment flags move inside the
+    # weights term: draft_weights, lora_buffers, cpu_offloaded (deploy_flags.py).
+    flag_memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def tightest(self) -> StageMemory:
@@ -178,6 +199,24 @@ def _validate(req: PlanRequest) -> None:
     ):
         if value is not None and value <= 0:
             raise InputError(flag, "", value, "must be greater than 0")
+    if req.cpu_offload_gb < 0:
+        raise InputError("--cpu-offload-gb", "", req.cpu_offload_gb, "must be 0 or more")
+    if req.kv_offloading_size is not None and req.kv_offloading_size <= 0:
+        raise InputError(
+            "--kv-offloading-size", "", req.kv_offloading_size, "must be greater than 0"
+        )
+    lora = req.lora
+    if lora is not None and (lora.max_loras < 1 or lora.max_lora_rank < 1):
+        raise InputError("--max-loras", "", lora.max_loras, "and --max-lora-rank must be >= 1")
+    spec = req.speculative
+    if spec is not None and spec.kv_layers and pp > 1:
+        raise InputError(
+            "--speculative-config",
+            "",
+            spec.method,
+            "with --pipeline-parallel-size > 1: the drafter's KV layers sit on the last "
+            "stage, which this planner does not model",
+        )
 
 
 def plan(req: PlanRequest) -> Plan:
@@ -232,21 +271,47 @@ def plan(req: PlanRequest) -> Plan:
     # the FlashInfer GDN prefill, used on Hopper and Blackwell, exports checkpoints.
     align_mode = req.enable_prefix_caching and rel.version >= (0, 33, 0)
     gdn_alignment = rel.gdn_checkpoint_alignment if gpu.family in ("hopper", "blackwell") else None
-    layout, block_size = build_layout(
-        arch,
-        release=rel,
-        block_size=block_size,
-        tp=tp,
-        pp=pp,
-        dtype_bytes=kv_bytes,
-        hybrid_manager=req.hybrid_kv_cache_manager,
-        mamba_prefix_caching=align_mode,
-        gdn_checkpoint_alignment=gdn_alignment if align_mode else None,
-    )
+    # A drafter's attention layers (EAGLE, MTP, draft model) join the KV groups: every
+    # block holds their pages too (deploy_flags.py; vllm/v1/worker/gpu_model_runner.py::
+    # get_kv_cache_spec lists them beside the target's, 0.32 and 0.33).
+    spec = req.speculative
+    kv_arch = arch
+    if spec is not None and spec.kv_layers:
+        kv_arch = replace(arch, layers=arch.layers + spec.kv_layers)
+        sources["speculative"] = (
+            f"{spec.label}: {len(spec.kv_layers)} drafter KV layer(s), "
+            f"{spec.lookahead_tokens} lookahead slot(s) per request"
+        )
+    elif spec is not None:
+        sources["speculative"] = f"{spec.label}: no drafter KV, no lookahead slots"
+
+    def grouped(model: ModelArch) -> tuple[Layout, int]:
+        return build_layout(
+            model,
+            release=rel,
+            block_size=block_size,
+            tp=tp,
+            pp=pp,
+            dtype_bytes=kv_bytes,
+            hybrid_manager=req.hybrid_kv_cache_manager,
+            mamba_prefix_caching=align_mode,
+            gdn_checkpoint_alignment=gdn_alignment if align_mode else None,
+        )
+
+    draft_layers = spec.kv_layers if spec is not None else ()
+    if draft_layers and _uniform_type_draft(arch, kv_arch, block_size, tp, kv_bytes):
+        # A drafter whose pages differ from the target's, all layers full attention:
+        # one uniform-type group whose block costs every layer's page.
+        layout, block_size = grouped(arch)
+        extra = sum(layer_page_bytes(x, block_size, tp, kv_bytes) for x in draft_layers)
+        layout = replace(layout, extra_block_bytes=extra)
+    else:
+        layout, block_size = grouped(kv_arch)
     if block_size != (req.block_size or block_size):
         sources["block_size"] = "raised to cover the Mamba state page"
 
-    stages = _stage_memory(req, utilization, mnbt, max_seqs, sources)
+    flag_memory: dict[str, int] = {}
+    stages = _stage_memory(req, utilization, mnbt, max_seqs, sources, flag_memory)
     available = _stage_available(req, stages, sources)
 
     check_avail = list(available)
@@ -291,11 +356,41 @@ def plan(req: PlanRequest) -> Plan:
             "baseline are modelled in direction only (no 0.33 GPU start-up measured yet)"
         )
     held = layout.stage_layers[cap.tightest_stage]
-    per_token = sum(arch.layers[i].bytes_per_token(tp, kv_bytes) for i in held)
+    per_token = sum(kv_arch.layers[i].bytes_per_token(tp, kv_bytes) for i in held)
+    if layout.extra_block_bytes and cap.tightest_stage == pp - 1:
+        per_token += sum(x.bytes_per_token(tp, kv_bytes) for x in draft_layers)
     contexts = req.contexts or (Context("max_model_len", max_len),)
+    # The scheduler reserves the drafter's lookahead slots past each running request
+    # (kv_cache_manager.py::allocate_slots, capped at max_model_len); the start-up check
+    # and the printed concurrency do not.
+    lookahead = spec.lookahead_tokens if spec is not None else 0
     sequences = tuple(
-        (c, sequences_that_fit(layout, cap.num_blocks, c.tokens, in_flight)) for c in contexts
+        (
+            c,
+            sequences_that_fit(
+                layout,
+                cap.num_blocks,
+                min(c.tokens + lookahead, max(max_len, c.tokens)),
+                in_flight,
+            ),
+        )
+        for c in contexts
     )
+    flags_given = (
+        spec is not None or req.lora is not None or req.cpu_offload_gb > 0 or req.mm_profile.skip
+    )
+    if flags_given and rel.version < (0, 32, 0):
+        notes.append(
+            f"--speculative-config, LoRA, --cpu-offload-gb and the encoder profile are "
+            f"modelled as vLLM 0.32 and 0.33 apply them; {rel.label}'s code was not read "
+            "for them"
+        )
+    if req.kv_offloading_size is not None:
+        notes.append(
+            f"--kv-offloading-size {req.kv_offloading_size:g}: a {req.kv_offloading_size:g} "
+            "GiB CPU tier behind the GPU cache (vLLM's OffloadingConnector); the GPU blocks "
+            "are unchanged, it holds evicted prefixes, not running sequences"
+        )
     return Plan(
         request=req,
         utilization=utilization,
@@ -314,6 +409,7 @@ def plan(req: PlanRequest) -> Plan:
         startup_failure=failure,
         sources=sources,
         notes=tuple(notes),
+        flag_memory=flag_memory,
     )
 
 
@@ -397,6 +493,19 @@ def _check_kv_dtype(req: PlanRequest) -> None:
         )
 
 
+def _uniform_type_draft(
+    arch: ModelArch, kv_arch: ModelArch, block_size: int, tp: int, kv_bytes: float
+) -> bool:
+    """The target and drafter layers are all full attention (or all MLA) and their pages
+    differ: vLLM puts them in one ``UniformTypeKVCacheSpecs`` group
+    (vllm/v1/core/kv_cache_utils.py::get_kv_cache_groups, 0.32)."""
+    kinds = {x.kind for x in kv_arch.layers}
+    if len(kinds) != 1 or kinds.pop() not in (LayerKind.FULL, LayerKind.MLA):
+        return False
+    pages = {layer_page_bytes(x, block_size, tp, kv_bytes) for x in kv_arch.layers}
+    return len(pages) > 1 and arch.num_layers < kv_arch.num_layers
+
+
 def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
     if req.weights_bytes is not None:
         sources["weights"] = req.weights_source
@@ -415,6 +524,7 @@ def _stage_memory(
     mnbt: int,
     max_seqs: int,
     sources: dict[str, str],
+    flag_memory: dict[str, int],
 ) -> tuple[StageMemory, ...]:
     """The modelled budget of each PP stage (all TP ranks of a stage are alike)."""
     arch, rel = req.arch, req.release
@@ -438,6 +548,7 @@ def _stage_memory(
         if total_weights is not None
         else (0,) * pp
     )
+    weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
     width = arch.intermediate_size or 0
     if arch.moe is not None:
@@ -453,7 +564,7 @@ def _stage_memory(
             tp=tp,
             pp=pp,
             logits_softcap=arch.final_logit_softcapping is not None,
-            encoder_elems=arch.vision_profile_elems,
+            encoder_elems=_encoder_profile_elems(req, mnbt, max_seqs, sources),
             v0_engine=rel.v0_engine_on(req.gpu.family),
             flashinfer_installed=req.flashinfer_installed,
         ),
@@ -473,6 +584,82 @@ def _stage_memory(
         else ("0: --enforce-eager" if req.enforce_eager else f"0: not subtracted in {rel.label}")
     )
     return tuple(StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp))
+
+
+def _flag_weights(
+    req: PlanRequest,
+    weights: tuple[int, ...],
+    total_weights: int | None,
+    sources: dict[str, str],
+    flag_memory: dict[str, int],
+) -> tuple[int, ...]:
+    """Each stage's weights with the drafter and the LoRA buffers added and the
+    ``--cpu-offload-gb`` share taken off: all three happen inside vLLM's model-loading
+    measurement (``GPUModelRunner.load_model``, 0.32 and 0.33), so they are weights.
+    """
+    tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
+    stages = pp_partition(req.arch.num_layers, pp)
+    out = list(weights)
+    spec, lora = req.speculative, req.lora
+    if spec is not None and spec.weights_bytes:
+        # The drafter runs beside the last stage's LM head, sharded over the same TP.
+        out[-1] += spec.weights_bytes // tp
+        flag_memory["draft_weights"] = spec.weights_bytes // tp
+        sources["draft_weights"] = f"{spec.weights_bytes / GIB:.2f} GiB ({spec.weights_source})"
+    if lora is not None:
+        buffers = [lora_buffer_bytes(req.arch, lora, tp=tp, layers=r) for r in stages]
+        out = [w + b for w, b in zip(out, buffers, strict=True)]
+        flag_memory["lora_buffers"] = max(buffers)
+        sources["lora_buffers"] = (
+            f"{max(buffers) / GIB:.3f} GiB per GPU: {lora.max_loras} adapter(s) of rank "
+            f"{lora.max_lora_rank} on every linear layer, the embedding and the LM head"
+        )
+    if req.cpu_offload_gb > 0 and total_weights is not None:
+        moved = [
+            offloaded_bytes(
+                req.arch,
+                total_weights,
+                req.cpu_offload_gb,
+                tp=tp,
+                layers=r,
+                quantization=req.quantization,
+                native_fp4=req.gpu.family == "blackwell",
+            )
+            for r in stages
+        ]
+        out = [max(0, w - m) for w, m in zip(out, moved, strict=True)]
+        flag_memory["cpu_offloaded"] = max(moved)
+        sources["cpu_offload"] = (
+            f"{max(moved) / GIB:.2f} GiB of decoder-layer weights per GPU on the host "
+            f"(--cpu-offload-gb {req.cpu_offload_gb:g})"
+        )
+    return tuple(out)
+
+
+def _encoder_profile_elems(
+    req: PlanRequest, mnbt: int, max_seqs: int, sources: dict[str, str]
+) -> int:
+    """The vision tower's share of the profile run (patches × MLP width, all items).
+
+    ``GPUModelRunner.profile_run`` (0.32) skips the encoder with ``--skip-mm-profiling``
+    or when ``--limit-mm-per-prompt`` allows no item of any modality; otherwise it
+    encodes ``mm_max_items_per_batch`` dummy items of the modality with the most tokens
+    at once (vllm/multimodal/encoder_budget.py::_get_max_items: the encoder budget, by
+    default ``max_num_batched_tokens``, over the tokens of one item, at least one).
+    """
+    arch, mm = req.arch, req.mm_profile
+    if not arch.vision_profile_elems:
+        return 0
+    if mm.skip or mm.text_only:
+        sources["encoder_profile"] = (
+            "skipped (--skip-mm-profiling)"
+            if mm.skip
+            else "none (--language-model-only or --limit-mm-per-prompt 0)"
+        )
+        return 0
+    items = encoder_profile_items(arch, mnbt, max_seqs, mm, req.max_model_len or arch.max_model_len)
+    sources["encoder_profile"] = f"{items} dummy item(s) of the largest image"
+    return arch.vision_profile_elems * items
 
 
 def _stage_available(
@@ -608,6 +795,19 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
         half = base.max_num_seqs // 2
         rerun(f"--max-num-seqs {half}", max_num_seqs=half)
     rerun(f"--max-num-seqs {base.max_num_seqs * 2}", max_num_seqs=base.max_num_seqs * 2)
+    # The deployment flags of deploy_flags.py: what each costs, where it is given, and for
+    # weights that do not load, the host memory that would let them.
+    spec = req.speculative
+    if spec is not None and (spec.kv_layers or spec.weights_bytes):
+        rerun("without --speculative-config", speculative=None)
+    if req.lora is not None:
+        rerun("without --enable-lora", lora=None)
+    if req.cpu_offload_gb > 0:
+        rerun("--cpu-offload-gb 0", cpu_offload_gb=0.0)
+    elif failure is not None and failure.cause == "load_oom":
+        gib_short = math.ceil((failure.needed_bytes - failure.available_bytes) / GIB)
+        offload = _offload_that_starts(base, gib_short)
+        rerun(f"--cpu-offload-gb {offload:g}", cpu_offload_gb=float(offload))
     # One memory class down and up on the vendor's ladder, same flags (vLLM's defaults
     # for the batch follow the GPU). Not with --kv-cache-memory-bytes: the budget would
     # not follow the GPU's memory.
@@ -620,6 +820,31 @@ def what_ifs(base: Plan) -> tuple[WhatIf, ...]:
 
 def gib(n: float) -> float:
     return n / GIB
+
+
+def _offload_that_starts(base: Plan, first: int) -> int:
+    """The fewest whole GiB of ``--cpu-offload-gb`` from ``first`` (the weights' shortfall)
+    with which ``base`` starts (the activation peak and the cache need room beside what
+    stays on the GPU), found by bisection: more offload never leaves less room. All the
+    weights of a GPU when even that does not start."""
+    top = max(first, math.ceil(max(s.weights for s in base.stages) / GIB))
+
+    def starts(offload: int) -> bool:
+        try:
+            return replan(base, cpu_offload_gb=float(offload)).startup_failure is None
+        except InputError:
+            return False
+
+    lo, hi = max(1, first), top
+    if not starts(hi):
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if starts(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 # Tensor-parallel sizes the searches below try: one node's worth. vLLM's guidance is TP

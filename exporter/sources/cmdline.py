@@ -18,6 +18,7 @@ Suffixes follow vLLM's ``human_readable_int``: ``k``/``m``/``g``/``t`` are power
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import re
@@ -93,6 +94,17 @@ def _float(text: str) -> float:
     return value
 
 
+def _json_object(text: str) -> str:
+    """A JSON object flag (``--speculative-config``), kept as its JSON text."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ValueError("not a JSON object") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return json.dumps(doc, sort_keys=True)
+
+
 _BOOL = None  # the flag is a switch: it takes no value, and --no-FLAG sets False
 CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "model": ("model", str),
@@ -114,6 +126,17 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "kv-cache-memory-bytes": ("kv_cache_memory_bytes", _human_int),
     "swap-space": ("swap_space", _float),
     "cpu-offload-gb": ("cpu_offload_gb", _float),
+    # Flags that move the budget or the blocks (exporter/capacity/deploy_flags.py).
+    "speculative-config": ("speculative_config", _json_object),
+    "enable-lora": ("enable_lora", _BOOL),
+    "max-loras": ("max_loras", _int),
+    "max-lora-rank": ("max_lora_rank", _int),
+    "fully-sharded-loras": ("fully_sharded_loras", _BOOL),
+    "lora-dtype": ("lora_dtype", str),
+    "kv-offloading-size": ("kv_offloading_size", _float),
+    "skip-mm-profiling": ("skip_mm_profiling", _BOOL),
+    "limit-mm-per-prompt": ("limit_mm_per_prompt", _json_object),
+    "language-model-only": ("language_model_only", _BOOL),
     "max-num-partial-prefills": ("max_num_partial_prefills", _int),
     "disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", _BOOL),
     "async-scheduling": ("async_scheduling", _BOOL),
@@ -132,7 +155,6 @@ _OTHER_BOOLEANS = frozenset(
         "enable-chunked-prefill",
         "enable-auto-tool-choice",
         "disable-custom-all-reduce",
-        "enable-lora",
         "enable-expert-parallel",
         "disable-frontend-multiprocessing",
         "enable-log-requests",
@@ -208,6 +230,8 @@ class _Collector:
             self.values.pop(name, None)
             self.origin.pop(name, None)
             return
+        elif isinstance(raw, dict) and parse is _json_object:  # from a --config file
+            value = json.dumps(raw, sort_keys=True)
         elif isinstance(raw, bool | list | dict):
             self.problems.append(_problem(where, key, raw, "expected a single value"))
             return

