@@ -222,8 +222,13 @@ def test_cpu_offload_moves_whole_parameters_of_the_decoder_layers() -> None:
     base = plan(llama())
     off = plan(llama(cpu_offload_gb=4))
     moved = off.flag_memory["cpu_offloaded"]
-    # At least the 4 GiB asked, at most one parameter more (Llama-8B's largest, gate_up:
-    # 2 × 14336 × 4096 × 2 B = 224 MiB).
+    # vLLM's UVA offloader walks Llama-3.1-8B's decoder layers (436,224,000 B each in bf16)
+    # parameter by parameter — qkv_proj 4096 × 6144, o_proj 4096², gate_up_proj
+    # 2 × 14336 × 4096, down_proj 14336 × 4096, two norms of 4096 — until 4 GiB is
+    # reached: nine whole layers, then the tenth's down_proj crosses the line.
+    layer = 436_224_000
+    tenth = (4096 * 6144 + 4096 * 4096 + 2 * 14336 * 4096 + 14336 * 4096) * 2
+    assert moved == 9 * layer + tenth
     assert 4 * GIB <= moved < 4 * GIB + 2 * 14336 * 4096 * 2
     assert off.tightest.weights == base.tightest.weights - moved
     assert off.cap.num_blocks > base.cap.num_blocks
@@ -363,3 +368,37 @@ def test_vllms_command_line_and_config_file_carry_the_flags_to_the_expected_plan
     assert len(request.speculative.kv_layers) == 1  # the EAGLE head's config, read locally
     expected = plan(request)
     assert expected.flag_memory["lora_buffers"] > 0
+
+
+def test_plan_prints_what_each_flag_puts_in_the_weights_row_and_its_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from exporter.cli import main
+
+    eagle = json.dumps(
+        {"method": "eagle", "model": str(FLAGS_DIR / "eagle-llama-1l"), "num_speculative_tokens": 3}
+    )
+    args = ["plan", "--model", "Llama-3.1-8B-Instruct", "--max-model-len", "8192"]
+    args += ["--enable-lora", "--max-loras", "2", "--cpu-offload-gb", "1"]
+    args += ["--speculative-config", eagle, "--kv-offloading-size", "32"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    for row in ("of which the drafter", "of which LoRA buffers", "kept on the host"):
+        assert row in table
+    assert "without --speculative-config" in table
+    assert "CPU tier" in table
+    assert main([*args, "--output", "json", "--no-what-if"]) == 0
+    doc = json.loads(capsys.readouterr().out)["deploy_flags"]
+    assert doc["speculative"]["draft_kv_layers"] == 1
+    assert doc["speculative"]["lookahead_tokens"] == 3
+    assert doc["lora_buffer_bytes"] > 0
+    assert doc["cpu_offloaded_bytes"] >= GIB
+    assert doc["kv_offloading_size_gib"] == 32
+
+
+def test_lora_sizes_without_enable_lora_are_refused() -> None:
+    args = build_parser().parse_args(
+        ["plan", "--model", "Llama-3.1-8B-Instruct", "--max-loras", "2"]
+    )
+    with pytest.raises(InputError, match="--enable-lora"):
+        build_request(args)
