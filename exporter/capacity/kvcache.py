@@ -134,6 +134,10 @@ class Layout:
     # page size in a uniform-type group (a drafter's full-attention layers beside the
     # target's: vllm/v1/kv_cache_interface.py::UniformTypeKVCacheSpecs sums the pages).
     extra_block_bytes: int = 0
+    # Slots the scheduler reserves past each running sequence for a drafter's tokens
+    # (VllmConfig.num_lookahead_tokens), capped at max_model_len as allocate_slots caps it.
+    lookahead_tokens: int = 0
+    max_model_len: int | None = None
 
     @property
     def num_groups(self) -> int:
@@ -148,6 +152,16 @@ class Layout:
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         return sum(g.spec.blocks_per_request(length, in_flight_tokens) for g in self.groups)
+
+    def running_tokens(self, length: int) -> int:
+        """The slots a running sequence of ``length`` tokens holds: its tokens and the
+        drafter's lookahead (vllm/v1/core/kv_cache_manager.py::allocate_slots), no more
+        than max_model_len unless the sequence itself is longer."""
+        if not self.lookahead_tokens:
+            return length
+        cap = max(self.max_model_len or 0, length) if self.max_model_len else None
+        grown = length + self.lookahead_tokens
+        return min(grown, cap) if cap is not None else grown
 
 
 def pp_partition(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -346,7 +360,7 @@ def sequences_that_fit(layout: Layout, num_blocks: int, context: int, in_flight_
     ``(num_blocks - 1) // blocks per sequence`` — e.g. 48 blocks of 128 at 2,048 tokens:
     vLLM prints 3.00× but only 2 such sequences fit.
     """
-    per_seq = layout.blocks_per_request(max(1, context), in_flight_tokens)
+    per_seq = layout.blocks_per_request(layout.running_tokens(max(1, context)), in_flight_tokens)
     return max(0, num_blocks - 1) // per_seq
 
 

@@ -56,11 +56,12 @@ def context_stats(prompt: Histogram | None, generation: Histogram | None) -> Con
 
 
 def blocks_per_sequence(layout: Layout | None, block_size: int, tokens: float) -> int:
-    """Blocks one sequence of ``tokens`` pins; without a layout, full attention is assumed."""
+    """Blocks one sequence of ``tokens`` pins (with a drafter's lookahead slots, where the
+    layout has them); without a layout, full attention is assumed."""
     length = max(1, math.ceil(tokens))
     if layout is None:
         return cdiv(length, block_size)
-    return layout.blocks_per_request(length, 0)
+    return layout.blocks_per_request(layout.running_tokens(length), 0)
 
 
 @dataclass(frozen=True)

@@ -362,19 +362,11 @@ def plan(req: PlanRequest) -> Plan:
     contexts = req.contexts or (Context("max_model_len", max_len),)
     # The scheduler reserves the drafter's lookahead slots past each running request
     # (kv_cache_manager.py::allocate_slots, capped at max_model_len); the start-up check
-    # and the printed concurrency do not.
-    lookahead = spec.lookahead_tokens if spec is not None else 0
+    # and the printed concurrency do not. The layout carries them to the sidecar's ceilings.
+    if spec is not None and spec.lookahead_tokens:
+        layout = replace(layout, lookahead_tokens=spec.lookahead_tokens, max_model_len=max_len)
     sequences = tuple(
-        (
-            c,
-            sequences_that_fit(
-                layout,
-                cap.num_blocks,
-                min(c.tokens + lookahead, max(max_len, c.tokens)),
-                in_flight,
-            ),
-        )
-        for c in contexts
+        (c, sequences_that_fit(layout, cap.num_blocks, c.tokens, in_flight)) for c in contexts
     )
     flags_given = (
         spec is not None or req.lora is not None or req.cpu_offload_gb > 0 or req.mm_profile.skip

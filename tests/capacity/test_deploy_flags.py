@@ -402,3 +402,14 @@ def test_lora_sizes_without_enable_lora_are_refused() -> None:
     )
     with pytest.raises(InputError, match="--enable-lora"):
         build_request(args)
+
+
+def test_the_sidecars_ceilings_count_the_lookahead_slots_too() -> None:
+    from exporter.capacity.live import blocks_per_sequence
+
+    plain = plan(llama())
+    eagle = plan(llama(speculative=Speculative("eagle", 3)))
+    assert blocks_per_sequence(plain.layout, 16, 2048) == 128
+    assert blocks_per_sequence(eagle.layout, 16, 2048) == 129  # cdiv(2051, 16)
+    # No more than max_model_len (8,192): allocate_slots caps the reservation there.
+    assert blocks_per_sequence(eagle.layout, 16, 8192) == 512
