@@ -282,6 +282,15 @@ def plan(req: PlanRequest) -> Plan:
             f"{spec.label}: {len(spec.kv_layers)} drafter KV layer(s), "
             f"{spec.lookahead_tokens} lookahead slot(s) per request"
         )
+    elif spec is not None and spec.lookahead_tokens:
+        sources["speculative"] = (
+            f"{spec.label}: the drafter's config is unknown, so its KV layers and weights "
+            f"are not counted; {spec.lookahead_tokens} lookahead slot(s) per request"
+        )
+        notes.append(
+            f"--speculative-config {spec.method}: the drafter's config could not be read "
+            "(pass its directory as the model), so its KV layers and weights are left out"
+        )
     elif spec is not None:
         sources["speculative"] = f"{spec.label}: no drafter KV, no lookahead slots"
 

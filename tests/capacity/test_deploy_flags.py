@@ -413,3 +413,16 @@ def test_the_sidecars_ceilings_count_the_lookahead_slots_too() -> None:
     assert blocks_per_sequence(eagle.layout, 16, 2048) == 129  # cdiv(2051, 16)
     # No more than max_model_len (8,192): allocate_slots caps the reservation there.
     assert blocks_per_sequence(eagle.layout, 16, 8192) == 512
+
+
+def test_a_drafter_whose_config_cannot_be_read_is_said_to_be_left_out() -> None:
+    doc = {"method": "eagle", "model": "org/head", "num_speculative_tokens": 2}
+    out = deployment_flags(
+        {"speculative_config": json.dumps(doc)},
+        llama().arch,
+        load_draft=lambda _: None,
+    )
+    result = plan(llama(**out))
+    assert result.cap == plan(llama()).cap
+    assert "not counted" in result.sources["speculative"]
+    assert any("could not be read" in n for n in result.notes)
