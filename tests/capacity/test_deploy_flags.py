@@ -426,3 +426,36 @@ def test_a_drafter_whose_config_cannot_be_read_is_said_to_be_left_out() -> None:
     assert result.cap == plan(llama()).cap
     assert "not counted" in result.sources["speculative"]
     assert any("could not be read" in n for n in result.notes)
+
+
+def _lookahead_rows() -> list[dict[str, str]]:
+    with (FLAGS_DIR / "lookahead.csv").open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("row", _lookahead_rows(), ids=lambda r: r["start"])
+def test_the_first_blocks_a_sequence_takes_are_what_vllms_cpu_build_reserved(
+    row: dict[str, str],
+) -> None:
+    # The fewest blocks the 126-token request held while it ran on vLLM's CPU build: one
+    # without a drafter, two with EAGLE's 3 lookahead slots (126 + 3 > 128).
+    args = [
+        "plan",
+        "--model",
+        str((FLAGS_DIR / ".." / "llama-gqa" / "config.json").resolve()),
+        "--gpu",
+        "cpu",
+        "--kv-cache-memory-bytes",
+        str(GIB),
+        *row["flags"].replace("{here}", str(FLAGS_DIR)).split(),
+    ]
+    result = plan(build_request(build_parser().parse_args(args)))
+    assert result.cap.num_blocks == int(row["num_gpu_blocks"])
+    seen = [int(x) for x in row["blocks_in_use_seen"].split()]
+    prompt, done = (
+        int(row["prompt_tokens"]),
+        int(row["prompt_tokens"]) + int(row["completion_tokens"]),
+    )
+    layout = result.layout
+    assert layout.blocks_per_request(layout.running_tokens(prompt), 0) == seen[0]
+    assert layout.blocks_per_request(layout.running_tokens(done - 1), 0) == seen[-1]
