@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
@@ -181,6 +181,19 @@ class Speculative:
     weights_bytes: int = 0  # the whole drafter, before TP (split like the target's)
     weights_source: str = "none"
     model: str | None = None
+    # draft_tensor_parallel_size: 1 or the target's TP (None: the target's), as
+    # vllm/config/speculative.py::_verify_and_get_draft_tp allows.
+    draft_tensor_parallel_size: int | None = None
+
+    def kv_layers_at(self, tp: int) -> tuple[LayerKV, ...]:
+        """The drafter's layers as ``LayerKV`` to size at the target's ``tp``: a drafter run
+        unsharded (``draft_tensor_parallel_size`` 1) keeps all its KV heads on every GPU."""
+        if self.draft_tensor_parallel_size != 1 or tp == 1:
+            return self.kv_layers
+        return tuple(
+            x if x.kind is LayerKind.MLA else replace(x, num_kv_heads=x.num_kv_heads * tp)
+            for x in self.kv_layers
+        )
 
     @property
     def lookahead_tokens(self) -> int:
@@ -495,6 +508,11 @@ def speculative_from(
                     )
                     weights = sum(wb.layers) + fc * DTYPE_BYTES[draft.dtype] + own_head
                 source = "estimate (draft config)"
+    draft_tp = doc.get("draft_tensor_parallel_size")
+    if draft_tp is not None and (not isinstance(draft_tp, int) or isinstance(draft_tp, bool)):
+        raise InputError(
+            "--speculative-config", "draft_tensor_parallel_size", draft_tp, "not a number"
+        )
     return Speculative(
         method=method,
         num_speculative_tokens=int(k),
@@ -502,6 +520,7 @@ def speculative_from(
         weights_bytes=weights,
         weights_source=source,
         model=str(doc["model"]) if doc.get("model") else None,
+        draft_tensor_parallel_size=draft_tp,
     )
 
 

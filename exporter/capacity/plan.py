@@ -209,6 +209,14 @@ def _validate(req: PlanRequest) -> None:
     if lora is not None and (lora.max_loras < 1 or lora.max_lora_rank < 1):
         raise InputError("--max-loras", "", lora.max_loras, "and --max-lora-rank must be >= 1")
     spec = req.speculative
+    draft_tp = spec.draft_tensor_parallel_size if spec is not None else None
+    if draft_tp is not None and draft_tp not in (1, tp):
+        raise InputError(
+            "--speculative-config",
+            "draft_tensor_parallel_size",
+            draft_tp,
+            "cannot be other value than 1 or target model tensor_parallel_size (vLLM)",
+        )
     if spec is not None and spec.kv_layers and pp > 1:
         raise InputError(
             "--speculative-config",
@@ -276,8 +284,9 @@ def plan(req: PlanRequest) -> Plan:
     # get_kv_cache_spec lists them beside the target's, 0.32 and 0.33).
     spec = req.speculative
     kv_arch = arch
-    if spec is not None and spec.kv_layers:
-        kv_arch = replace(arch, layers=arch.layers + spec.kv_layers)
+    draft_layers = spec.kv_layers_at(tp) if spec is not None else ()
+    if spec is not None and draft_layers:
+        kv_arch = replace(arch, layers=arch.layers + draft_layers)
         sources["speculative"] = (
             f"{spec.label}: {len(spec.kv_layers)} drafter KV layer(s), "
             f"{spec.lookahead_tokens} lookahead slot(s) per request"
@@ -307,7 +316,6 @@ def plan(req: PlanRequest) -> Plan:
             gdn_checkpoint_alignment=gdn_alignment if align_mode else None,
         )
 
-    draft_layers = spec.kv_layers if spec is not None else ()
     if draft_layers and _uniform_type_draft(arch, kv_arch, block_size, tp, kv_bytes):
         # A drafter whose pages differ from the target's, all layers full attention:
         # one uniform-type group whose block costs every layer's page.
@@ -604,8 +612,9 @@ def _flag_weights(
     spec, lora = req.speculative, req.lora
     if spec is not None and spec.weights_bytes:
         # The drafter runs beside the last stage's LM head, sharded over the same TP.
-        out[-1] += spec.weights_bytes // tp
-        flag_memory["draft_weights"] = spec.weights_bytes // tp
+        draft = spec.weights_bytes // (spec.draft_tensor_parallel_size or tp)
+        out[-1] += draft
+        flag_memory["draft_weights"] = draft
         sources["draft_weights"] = f"{spec.weights_bytes / GIB:.2f} GiB ({spec.weights_source})"
     if lora is not None:
         buffers = [lora_buffer_bytes(req.arch, lora, tp=tp, layers=r) for r in stages]

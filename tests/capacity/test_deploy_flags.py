@@ -459,3 +459,23 @@ def test_the_first_blocks_a_sequence_takes_are_what_vllms_cpu_build_reserved(
     layout = result.layout
     assert layout.blocks_per_request(layout.running_tokens(prompt), 0) == seen[0]
     assert layout.blocks_per_request(layout.running_tokens(done - 1), 0) == seen[-1]
+
+
+def test_a_drafter_run_unsharded_keeps_its_whole_weights_and_heads_on_every_gpu() -> None:
+    draft_arch = parse_config(
+        json.loads((FLAGS_DIR / "draft-llama-2l" / "config.json").read_text()), "draft"
+    )
+    doc = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+    sharded = speculative_from(doc, target=llama().arch, draft=draft_arch, draft_weights_bytes=GIB)
+    whole = replace(sharded, draft_tensor_parallel_size=1)
+    at_tp2 = {s: plan(llama(tensor_parallel_size=2, speculative=s)) for s in (sharded, whole)}
+    assert at_tp2[whole].flag_memory["draft_weights"] == GIB
+    assert at_tp2[sharded].flag_memory["draft_weights"] == GIB // 2
+    # 2 KV heads of 32 + 32 dims, 2 layers, bf16: 512 B a token whole, 256 B split over TP 2.
+    base = plan(llama(tensor_parallel_size=2)).kv_bytes_per_token
+    assert at_tp2[whole].kv_bytes_per_token == base + 512
+    assert at_tp2[sharded].kv_bytes_per_token == base + 256
+    with pytest.raises(InputError, match="draft_tensor_parallel_size"):
+        plan(
+            llama(tensor_parallel_size=4, speculative=replace(whole, draft_tensor_parallel_size=2))
+        )
