@@ -277,7 +277,15 @@ def recommend(
 
     def replay_at(c: Candidate, multiplier: float) -> Outcome:
         shares = prefill.share(c.replicas)
-        return _replay_shares(shares, c.config, multiplier, max_queue_wait)
+
+        def progress(done: float) -> None:
+            if say is not None:
+                say(
+                    f"recommending: {c.gpus} GPUs · {describe(c)} · ×{multiplier:.3g}: "
+                    f"{done:.0%} of the traffic replayed"
+                )
+
+        return _replay_shares(shares, c.config, multiplier, max_queue_wait, progress)
 
     def attempt(c: Candidate) -> Outcome | str:
         """The 1× replay of ``c``, or why it needs none: ``ruled_out`` (its prefill queue
@@ -370,14 +378,20 @@ def recommend(
 
 
 def _replay_shares(
-    shares: Sequence[Traffic], config: EngineConfig, multiplier: float, bound: float
+    shares: Sequence[Traffic],
+    config: EngineConfig,
+    multiplier: float,
+    bound: float,
+    progress: Callable[[float], None] | None = None,
 ) -> Outcome:
     """Every replica's share at ``multiplier``, the busiest first: where one fails, the
-    others need no replay."""
+    others need no replay. ``progress`` gets the share of the first replica's traffic
+    replayed, every ten seconds or so of a long replay."""
     order = sorted(shares, key=lambda t: -sum(a.prompt + a.generation for a in t.base))
     outcomes = []
     for share in order:
-        outcomes.append(replay(share, config, multiplier, max_queue_wait=bound))
+        outcomes.append(replay(share, config, multiplier, max_queue_wait=bound, progress=progress))
+        progress = None
         if not outcomes[-1].held:
             break
     return _combine(multiplier, outcomes)
