@@ -105,6 +105,14 @@ def _json_object(text: str) -> str:
     return json.dumps(doc, sort_keys=True)
 
 
+def _json_scalar(text: str) -> object:
+    """A dotted JSON flag's value as vLLM reads it: JSON where it parses, else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 _BOOL = None  # the flag is a switch: it takes no value, and --no-FLAG sets False
 CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "model": ("model", str),
@@ -143,6 +151,7 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "port": ("port", _int),
     "host": ("host", str),
 }
+_JSON_FLAGS = frozenset(("speculative-config", "limit-mm-per-prompt"))
 _SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size"}
 _SHORT |= {"-dp": "data-parallel-size", "-q": "quantization"}
 # Unknown flags are assumed to take a value, so `--seed 0 MODEL` does not make "0" the model;
@@ -259,6 +268,7 @@ def parse_flags(argv: Sequence[str], read_text: Callable[[str], str] = _default_
     explicit: list[tuple[str, object, str]] = []  # (flag, raw value, as written)
     positional: str | None = None
     config: str | None = None
+    dotted: dict[str, dict[str, object]] = {}  # --speculative-config.method ngram …
     found = _Collector()
     i = 0
     while i < len(args):
@@ -269,6 +279,13 @@ def parse_flags(argv: Sequence[str], read_text: Callable[[str], str] = _default_
                 positional = tok  # `vllm serve MODEL`
             continue
         head, eq, inline = tok.partition("=")
+        base, dot, key = head[2:].partition(".")
+        if head.startswith("--") and dot and base.replace("_", "-") in _JSON_FLAGS:
+            # vLLM's dotted form of a JSON flag: --speculative-config.method ngram
+            if not eq and i < len(args) and not _is_flag(args[i]):
+                inline, i = args[i], i + 1
+            dotted.setdefault(base.replace("_", "-"), {})[key] = _json_scalar(inline)
+            continue
         if head in _SHORT:
             flag = _SHORT[head]
         elif head.startswith("--"):
@@ -302,6 +319,14 @@ def parse_flags(argv: Sequence[str], read_text: Callable[[str], str] = _default_
         else:
             explicit.append((flag, value, head))
 
+    for flag, fields in dotted.items():  # merged over the flag's JSON, as vLLM merges them
+        given = [raw for name, raw, _ in explicit if name == flag]
+        try:
+            doc = json.loads(str(given[-1])) if given else {}
+        except ValueError:
+            doc = {}
+        merged = {**doc, **fields} if isinstance(doc, dict) else fields
+        explicit.append((flag, json.dumps(merged, sort_keys=True), f"--{flag}.*"))
     if config is not None:  # the file first, so that explicit flags override it
         _apply_config(found, config, read_text)
     for flag, raw, written in explicit:

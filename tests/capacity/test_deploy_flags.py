@@ -479,3 +479,27 @@ def test_a_drafter_run_unsharded_keeps_its_whole_weights_and_heads_on_every_gpu(
         plan(
             llama(tensor_parallel_size=4, speculative=replace(whole, draft_tensor_parallel_size=2))
         )
+
+
+def test_vllms_dotted_spelling_of_a_json_flag_is_read_and_merged() -> None:
+    from exporter.sources.cmdline import parse_flags
+
+    flags = parse_flags(
+        [
+            "vllm",
+            "serve",
+            "M",
+            "--speculative-config",
+            '{"method": "eagle", "model": "x"}',
+            "--speculative_config.num_speculative_tokens=3",
+            "--limit-mm-per-prompt.image",
+            "0",
+        ]
+    )
+    assert json.loads(str(flags.values["speculative_config"])) == {
+        "method": "eagle",
+        "model": "x",
+        "num_speculative_tokens": 3,
+    }
+    assert json.loads(str(flags.values["limit_mm_per_prompt"])) == {"image": 0}
+    assert flags.model == "M"
