@@ -343,12 +343,14 @@ def deploy_flags(args: argparse.Namespace, arch: ModelArch) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if args.speculative_config:
         doc = parse_speculative_config(args.speculative_config, "--speculative-config")
-        draft, weights, source = None, None, ""
+        draft, weights, source, draft_vocab = None, None, "", None
         method = doc["method"]
         if doc.get("model") and method not in ("mtp", *NO_KV_METHODS):
             loaded = load_model(str(doc["model"]))
             draft = parse_config(loaded.config, loaded.config_path, name=loaded.name)
             weights, source = loaded.weights_bytes, loaded.weights_source
+            vocab = loaded.config.get("draft_vocab_size")
+            draft_vocab = vocab if isinstance(vocab, int) and vocab > 0 else None
         elif method in ("eagle", "eagle3", "draft_model", "dflash"):
             raise InputError(
                 "--speculative-config", "model", None, f"is needed with method {method}"
@@ -359,6 +361,7 @@ def deploy_flags(args: argparse.Namespace, arch: ModelArch) -> dict[str, Any]:
             draft=draft,
             draft_weights_bytes=weights,
             draft_weights_source=source,
+            draft_vocab=draft_vocab,
         )
     lora_sizes = args.max_loras is not None or args.max_lora_rank is not None
     if lora_sizes and not args.enable_lora:

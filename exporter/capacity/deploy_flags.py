@@ -464,13 +464,15 @@ def speculative_from(
     draft: ModelArch | None = None,
     draft_weights_bytes: int | None = None,
     draft_weights_source: str = "",
+    draft_vocab: int | None = None,
 ) -> Speculative:
     """``Speculative`` from a parsed ``--speculative-config`` (``parse_speculative_config``),
     the target's arch, and the drafter's config where the method has one.
 
     Draft weights, when the checkpoint's size is not known, are estimated from the config:
     a draft model whole; an EAGLE head its decoder layers and the fc that feeds them
-    (``2·h²``, ``3·h²`` for EAGLE-3) plus its own LM head when it has a draft vocabulary,
+    (``2·h²``, ``3·h²`` for EAGLE-3) plus its own LM head over ``draft_vocab`` (EAGLE-3's
+    ``draft_vocab_size``; an EAGLE-1 head shares the target's),
     the embedding being the target's (``llm_base_proposer.py::_maybe_share_embeddings``);
     an MTP module one of the target's decoder layers and its ``eh_proj`` (``2·h²``), the
     embedding and LM head shared.
@@ -503,9 +505,9 @@ def speculative_from(
                     weights = wb.total
                 else:
                     fc = (3 if method == "eagle3" else 2) * h * h
-                    own_head = (
-                        wb.lm_head if draft_weights_bytes is None and method == "eagle3" else 0
-                    )
+                    # EAGLE-3 heads carry their own LM head over a draft vocabulary
+                    # (llama_eagle3.py: draft_vocab_size); EAGLE-1 heads share the target's.
+                    own_head = draft_vocab * h * DTYPE_BYTES[draft.dtype] if draft_vocab else 0
                     weights = sum(wb.layers) + fc * DTYPE_BYTES[draft.dtype] + own_head
                 source = "estimate (draft config)"
     draft_tp = doc.get("draft_tensor_parallel_size")

@@ -503,3 +503,12 @@ def test_vllms_dotted_spelling_of_a_json_flag_is_read_and_merged() -> None:
     }
     assert json.loads(str(flags.values["limit_mm_per_prompt"])) == {"image": 0}
     assert flags.model == "M"
+
+
+def test_an_eagle3_head_is_estimated_with_its_own_lm_head_over_the_draft_vocabulary() -> None:
+    config = json.loads((FLAGS_DIR / "eagle3-llama-1l" / "config.json").read_text())
+    head = parse_config(config, "eagle3")
+    doc = {"method": "eagle3", "model": "m", "num_speculative_tokens": 3}
+    without = speculative_from(doc, target=llama().arch, draft=head)
+    own = speculative_from(doc, target=llama().arch, draft=head, draft_vocab=1024)
+    assert own.weights_bytes - without.weights_bytes == 1024 * 256 * 2  # vocab × hidden × bf16
