@@ -40,7 +40,16 @@ from typing import Any
 
 from exporter import snapshot
 from exporter.log import configure
-from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD, HORIZON, Inputs, Risk, assess
+from exporter.risk.calibration import Calibration
+from exporter.risk.model import (
+    EDGE_FOR_SECONDS,
+    EDGE_THRESHOLD,
+    HORIZON,
+    Z_HALF,
+    Inputs,
+    Risk,
+    assess,
+)
 from exporter.simulator import family
 from exporter.simulator.replay import Replay, Tick, replay
 
@@ -151,15 +160,27 @@ def _record(scenario: Any, interval: float) -> Recorded:
 
 def rescored(rec: Recorded) -> Replay:
     """The recorded hour with today's risk model: each poll's risk, time to exhaustion and
-    forecast usage recomputed from the inputs the sidecar gave the model at that poll."""
+    forecast usage recomputed from the inputs the sidecar gave the model at that poll, the
+    engine's judged past (risk/calibration.py) fed along as the poll loop feeds it."""
     by_time = {i.points[-1].t: i for i in rec.inputs if i.points}
+    judged = Calibration(HORIZON, Z_HALF)  # a simulated vLLM has one engine
     ticks = []
     for tick in rec.replay.ticks:
         inputs = by_time.get(tick.t)
         if inputs is None:
             ticks.append(tick)
             continue
+        last = inputs.points[-1]
+        inputs = dataclasses.replace(inputs, excursion=judged.worst(last.t))
         risk = assess(inputs)
+        capacity = inputs.capacity_tokens
+        judged.observe(
+            last.t,
+            last.usage * capacity,
+            risk.level_tokens,
+            risk.spread_tokens,
+            (last.epoch, capacity),
+        )
         ticks.append(
             dataclasses.replace(
                 tick,

@@ -26,6 +26,8 @@ from exporter.deployment import Resolved
 from exporter.log import get_logger
 from exporter.metrics import LIMITS, render_counted
 from exporter.observe import Folder, History, fold
+from exporter.risk.calibration import Calibrations
+from exporter.risk.model import HORIZON, Z_HALF
 from exporter.snapshot import Snapshot
 from exporter.sources.base import (
     Closing,
@@ -52,6 +54,8 @@ class Poller:
         self._log = get_logger()
         interval = config.poll_interval_seconds
         self.history = History(config.history_seconds, int(config.history_seconds / interval) + 8)
+        # How far each engine's occupancy climbed above the risk model's forecasts.
+        self.calibrations = Calibrations(HORIZON, Z_HALF)
         self._sources = self._make_sources()
         self._health = {s.name: SourceHealth(s.name) for s in self._sources if s.reports_health}
         self.readings = Readings(order=tuple(s.name for s in self._sources))
@@ -119,7 +123,9 @@ class Poller:
                 window_seconds=self.config.window_seconds,
                 configured_gpu=self.config.deployment.gpu,
                 duration=time.perf_counter() - started,
+                excursions=self.calibrations.worst(now),
             )
+            self._judge(snapshot)
             self._note_expected(snapshot)
         except Exception as e:
             # A bug, or input the core cannot take: forget this poll's observation so it
@@ -227,6 +233,25 @@ class Poller:
             }
             self._log.info("deployment", changed=changed)
         return resolved
+
+    def _judge(self, snapshot: Snapshot) -> None:
+        """Keep each engine's forecast, to be judged once its horizon has passed."""
+        latest = self.history.latest
+        if latest is None:
+            return
+        for view in snapshot.engines:
+            point = latest.points.get(view.engine)
+            if view.risk is None or view.occupancy is None or point is None:
+                continue
+            capacity = view.occupancy.usable_blocks * view.occupancy.block_size
+            self.calibrations.observe(
+                view.engine,
+                point.t,
+                point.usage * capacity,
+                view.risk.level_tokens,
+                view.risk.spread_tokens,
+                (point.epoch, capacity),
+            )
 
     def _note_expected(self, snapshot: Snapshot) -> None:
         if snapshot.expected_note != self._last_expected_note:

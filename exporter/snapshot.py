@@ -201,6 +201,7 @@ def engine_view(
     max_model_len: int | None,
     mix_start: Observation | None = None,
     points: Sequence[Point] = (),
+    excursion: float | None = None,
 ) -> EngineView:
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
@@ -276,6 +277,7 @@ def engine_view(
                 mix_start, raw.engine, now_totals, "generation_len"
             ),
             bottleneck=cause.resource,
+            excursion=excursion,
         )
         risk = assess(inputs)
         bottleneck = settled(cause, current)
@@ -339,7 +341,11 @@ def _recent_histogram(
 
 
 def engine_views(
-    history: History, window_seconds: float, deployment: Resolved, plan: Plan | None
+    history: History,
+    window_seconds: float,
+    deployment: Resolved,
+    plan: Plan | None,
+    excursions: Mapping[str, float | None] | None = None,
 ) -> tuple[EngineView, ...]:
     latest, good = history.latest, history.last_good()
     if latest is None or good is None or good.page is None:
@@ -361,6 +367,7 @@ def engine_views(
             max_model_len=max_model_len,
             mix_start=mix_start,
             points=history.points(raw.engine, since),
+            excursion=(excursions or {}).get(raw.engine),
         )
         for raw in good.page.engines
     )
@@ -536,13 +543,15 @@ def build(
     window_seconds: float,
     configured_gpu: str | None,
     duration: float,
+    excursions: Mapping[str, float | None] | None = None,
 ) -> Snapshot:
-    """Everything one poll exports, from the history and what the sources read."""
+    """Everything one poll exports, from the history and what the sources read
+    (``excursions``: each engine's judged past, risk/calibration.py)."""
     model = readings.model
     gpu_memory = readings.get(GPU_MEMORY)
     nvml_gpus = gpu_memory.gpus if gpu_memory is not None else ()
     expected, note = expected_plan(deployment, model, nvml_gpus, configured_gpu)
-    engines = engine_views(history, window_seconds, deployment, expected)
+    engines = engine_views(history, window_seconds, deployment, expected, excursions)
     per_token, per_token_source = bytes_per_token(expected, history)
     limited: dict[str, int] = {}
     latest = history.latest

@@ -37,7 +37,9 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   resident when they have fallen (the requests that made the swings have left);
 * **score** — ``z = (capacity − level) / spread`` headroom in spreads; the score is
   logistic in z, 0.5 at ``Z_HALF`` spreads (calibrated on the simulator's scenario
-  library by ``benchmarks/alert_quality.py``: a ranking score, not a probability);
+  library by ``benchmarks/alert_quality.py``: a ranking score, not a probability) — or
+  lower, where the engine's own last hour showed its occupancy climbing less far above
+  forecasts near the top (``risk/calibration.py``: the worst such climb plus a spread);
 * **ceiling** — with ``max_num_seqs`` known, occupancy cannot exceed ``max_num_seqs``
   sequences at their final length, whose sum is about normal; a deployment whose
   ceiling fits the cache cannot preempt whatever its usage (the server that runs full:
@@ -97,6 +99,10 @@ Z_HALF = 4.5  # spreads of headroom at which the score is 0.5
 ALERT_THRESHOLD = 0.5
 ALERT_FOR_SECONDS = 15.0
 STEEPNESS = 2.0  # how fast the score rises as the headroom closes
+# The bar where an engine's past lowers it: the worst climb over a forecast near the top
+# it showed in the last hour plus this many spreads (risk/calibration.py); fixed before
+# the fuzz tier ran.
+EXCURSION_MARGIN = 1.0
 # The ticket, not the page (rules/ uses the same): the forecast occupancy above this share
 # of the cache for this long — a server that runs near full without a forecast overflow.
 # Set before the fuzz tier measured it: 90 % is where vLLM's own advice to add memory
@@ -136,6 +142,10 @@ class Inputs:
     # What keeps the queue waiting (risk/bottleneck.py): with no admission rate measured
     # yet, a queue held back by compute or max_num_seqs is not counted as KV to come.
     bottleneck: str | None = None
+    # The highest this engine's occupancy climbed above the model's own forecasts near the
+    # top within a horizon over the last hour (spreads, risk/calibration.py); None: too
+    # little judged.
+    excursion: float | None = None
 
 
 @dataclass(frozen=True)
@@ -502,7 +512,12 @@ def assess(inputs: Inputs) -> Risk:
     # logistically as it closes in (calibrated on the simulator's scenario library).
     if spread > 0:
         z = (capacity - forecast) / spread
-        touch = 1.0 / (1.0 + math.exp(max(-50.0, min(50.0, STEEPNESS * (z - Z_HALF)))))
+        half = Z_HALF
+        if inputs.excursion is not None:
+            # The deployment's own past: bursts that peaked below the top lower the bar
+            # to the worst climb above a forecast plus a spread, never above the prior.
+            half = min(Z_HALF, inputs.excursion + EXCURSION_MARGIN)
+        touch = 1.0 / (1.0 + math.exp(max(-50.0, min(50.0, STEEPNESS * (z - half)))))
     else:
         touch = 1.0 if forecast >= capacity else 0.0
 
