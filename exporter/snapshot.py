@@ -35,8 +35,8 @@ from exporter.config import Deployment
 from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
 from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
-from exporter.risk.bottleneck import classify, settled
-from exporter.risk.headroom import load_headroom
+from exporter.risk.bottleneck import Bottleneck, classify, settled
+from exporter.risk.headroom import LoadHeadroom, load_headroom
 from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
@@ -190,19 +190,44 @@ def observed_capacity_tokens(
     return num_blocks * block_size
 
 
-def engine_view(
+@dataclass(frozen=True)
+class EngineCapacity:
+    """What one engine holds and how much of it is in use (capacity/live.py): the part of
+    its ``EngineView`` read from its page and the window's histograms alone."""
+
+    num_blocks: int | None
+    block_size: int | None
+    occupancy: Occupancy | None
+    capacity_tokens: int | None
+    budget_bytes: int | None
+    prompt: Histogram | None  # the window's (the risk model projects these too)
+    generation: Histogram | None
+    context: ContextStats | None
+    contexts: Mapping[str, float]
+    sequences_per_request: float
+    max_sequences: Mapping[str, int]
+    free_sequences: Mapping[str, int]
+    max_users: Mapping[str, float]
+    max_num_seqs: int | None  # as deployed, else as expected
+    config_overcommit_ratio: float | None
+    recommended_max_num_seqs: int | None
+    prefix_cache_hit_ratio: float | None
+    prefix_cache_extra_sequences: int | None
+    budget_drift_ratio: float | None
+
+
+def engine_capacity(
     raw: EngineMetrics,
     *,
-    stale: bool,
     now_totals: Totals | None,
     then_totals: Totals | None,
     deployment: Resolved,
     plan: Plan | None,
     max_model_len: int | None,
-    mix_start: Observation | None = None,
-    points: Sequence[Point] = (),
-    excursion: float | None = None,
-) -> EngineView:
+) -> EngineCapacity:
+    """The engine's blocks and tokens, its KV budget, the window's context lengths, how many
+    sequences (and users) fit at each, max_num_seqs against that, and what the prefix cache
+    adds."""
     cc = raw.cache_config or CacheConfig()
     num_blocks, block_size = cc.num_gpu_blocks, cc.block_size
     layout: Layout | None = None
@@ -248,75 +273,25 @@ def engine_view(
         per = blocks_per_sequence(layout, occupancy.block_size, stats.quantiles["p95"] - shared)
         extra = occupancy.usable_blocks // per - at_p95
 
-    risk = None
-    bottleneck = None
-    headroom = None
-    if not stale and occupancy is not None and mix_start is not None:
-        capacity = occupancy.usable_blocks * occupancy.block_size
-        recent_prompt = _recent_histogram(mix_start, raw.engine, now_totals, "prompt_len")
-        typical = recent_prompt or prompt
-        current = current_epoch(points)
-        # What the queue waits on (the risk model's input, at once) and what the gauge says
-        # (``settled``: not a new queue that goes within the next steps).
-        cause = classify(
-            current,
-            capacity,
-            max_num_seqs,
-            typical.sum / typical.count if typical is not None and typical.count else None,
-        )
-        inputs = Inputs(
-            points=points,
-            capacity_tokens=capacity,
-            block_size=occupancy.block_size,
-            max_num_seqs=max_num_seqs,
-            prompt=prompt,
-            generation=generation,
-            sequences_per_request=seqs_per_request,
-            recent_prompt=recent_prompt,
-            recent_generation=_recent_histogram(
-                mix_start, raw.engine, now_totals, "generation_len"
-            ),
-            bottleneck=cause.resource,
-            excursion=excursion,
-        )
-        risk = assess(inputs)
-        bottleneck = settled(cause, current)
-        headroom = load_headroom(
-            risk,
-            inputs,
-            steps=_step_times_of(plan) if plan is not None else None,
-            prefix_hit_ratio=hit_ratio or 0.0,
-        )
-
-    return EngineView(
-        engine=raw.engine,
-        model_name=raw.model_name,
-        running=None if stale else raw.running,
-        waiting=None if stale else raw.waiting,
-        waiting_for_capacity=None if stale else raw.waiting_for_capacity,
-        kv_usage=None if stale else raw.kv_usage,
-        preemptions_total=now_totals.preemptions if now_totals else 0.0,
+    return EngineCapacity(
         num_blocks=num_blocks,
         block_size=block_size,
+        occupancy=occupancy,
         capacity_tokens=capacity_tokens,
         budget_bytes=budget,
-        occupancy=None if stale else occupancy,
+        prompt=prompt,
+        generation=generation,
         context=stats,
         contexts=contexts,
-        max_sequences=total_fit,
-        free_sequences={} if stale else free_fit,
         sequences_per_request=seqs_per_request,
+        max_sequences=total_fit,
+        free_sequences=free_fit,
         max_users=users,
+        max_num_seqs=max_num_seqs,
         config_overcommit_ratio=overcommit,
         recommended_max_num_seqs=max(1, at_p95) if at_p95 is not None else None,
         prefix_cache_hit_ratio=hit_ratio,
         prefix_cache_extra_sequences=extra,
-        stale=stale,
-        risk=risk,
-        bottleneck=bottleneck.resource if bottleneck is not None else None,
-        bottleneck_evidence=bottleneck.evidence if bottleneck is not None else "",
-        load_headroom_ratio=headroom.ratio if headroom is not None else None,
-        load_headroom_resource=headroom.resource if headroom is not None else None,
         budget_drift_ratio=(
             num_blocks / plan.cap.num_blocks
             if plan is not None and num_blocks is not None and plan.cap.num_blocks
@@ -338,6 +313,137 @@ def _recent_histogram(
     then = start.totals.get(engine)
     delta = histogram_delta(getattr(now, name), getattr(then, name) if then else None)
     return delta if delta is not None and delta.count > 0 else None
+
+
+@dataclass(frozen=True)
+class EngineRisk:
+    """What the risk model makes of one engine (risk/model.py, bottleneck.py, headroom.py)."""
+
+    risk: Risk
+    bottleneck: Bottleneck  # as the gauge says it (``settled``)
+    headroom: LoadHeadroom | None
+
+
+def engine_risk(
+    engine: str,
+    capacity: EngineCapacity,
+    *,
+    plan: Plan | None,
+    now_totals: Totals | None,
+    mix_start: Observation | None,
+    points: Sequence[Point],
+    excursion: float | None,
+) -> EngineRisk | None:
+    """The risk model's front: its ``Inputs`` from the engine's capacity, its recent points
+    and traffic mix, and its judged past (``excursion``, risk/calibration.py); None with no
+    blocks to fill or no history yet."""
+    occupancy = capacity.occupancy
+    if occupancy is None or mix_start is None:
+        return None
+    tokens = occupancy.usable_blocks * occupancy.block_size
+    recent_prompt = _recent_histogram(mix_start, engine, now_totals, "prompt_len")
+    typical = recent_prompt or capacity.prompt
+    current = current_epoch(points)
+    # What the queue waits on (the risk model's input, at once) and what the gauge says
+    # (``settled``: not a new queue that goes within the next steps).
+    cause = classify(
+        current,
+        tokens,
+        capacity.max_num_seqs,
+        typical.sum / typical.count if typical is not None and typical.count else None,
+    )
+    inputs = Inputs(
+        points=points,
+        capacity_tokens=tokens,
+        block_size=occupancy.block_size,
+        max_num_seqs=capacity.max_num_seqs,
+        prompt=capacity.prompt,
+        generation=capacity.generation,
+        sequences_per_request=capacity.sequences_per_request,
+        recent_prompt=recent_prompt,
+        recent_generation=_recent_histogram(mix_start, engine, now_totals, "generation_len"),
+        bottleneck=cause.resource,
+        excursion=excursion,
+    )
+    risk = assess(inputs)
+    return EngineRisk(
+        risk=risk,
+        bottleneck=settled(cause, current),
+        headroom=load_headroom(
+            risk,
+            inputs,
+            steps=_step_times_of(plan) if plan is not None else None,
+            prefix_hit_ratio=capacity.prefix_cache_hit_ratio or 0.0,
+        ),
+    )
+
+
+def engine_view(
+    raw: EngineMetrics,
+    *,
+    stale: bool,
+    now_totals: Totals | None,
+    then_totals: Totals | None,
+    deployment: Resolved,
+    plan: Plan | None,
+    max_model_len: int | None,
+    mix_start: Observation | None = None,
+    points: Sequence[Point] = (),
+    excursion: float | None = None,
+) -> EngineView:
+    """One engine's view: its capacity (``engine_capacity``), then what the risk model makes
+    of it (``engine_risk``); a stale engine's load figures are withheld, and it gets no risk."""
+    cap = engine_capacity(
+        raw,
+        now_totals=now_totals,
+        then_totals=then_totals,
+        deployment=deployment,
+        plan=plan,
+        max_model_len=max_model_len,
+    )
+    front = None
+    if not stale:
+        front = engine_risk(
+            raw.engine,
+            cap,
+            plan=plan,
+            now_totals=now_totals,
+            mix_start=mix_start,
+            points=points,
+            excursion=excursion,
+        )
+    headroom = front.headroom if front is not None else None
+    return EngineView(
+        engine=raw.engine,
+        model_name=raw.model_name,
+        running=None if stale else raw.running,
+        waiting=None if stale else raw.waiting,
+        waiting_for_capacity=None if stale else raw.waiting_for_capacity,
+        kv_usage=None if stale else raw.kv_usage,
+        preemptions_total=now_totals.preemptions if now_totals else 0.0,
+        num_blocks=cap.num_blocks,
+        block_size=cap.block_size,
+        capacity_tokens=cap.capacity_tokens,
+        budget_bytes=cap.budget_bytes,
+        occupancy=None if stale else cap.occupancy,
+        context=cap.context,
+        contexts=cap.contexts,
+        max_sequences=cap.max_sequences,
+        free_sequences={} if stale else cap.free_sequences,
+        sequences_per_request=cap.sequences_per_request,
+        max_users=cap.max_users,
+        config_overcommit_ratio=cap.config_overcommit_ratio,
+        recommended_max_num_seqs=cap.recommended_max_num_seqs,
+        prefix_cache_hit_ratio=cap.prefix_cache_hit_ratio,
+        prefix_cache_extra_sequences=cap.prefix_cache_extra_sequences,
+        stale=stale,
+        risk=front.risk if front is not None else None,
+        bottleneck=front.bottleneck.resource if front is not None else None,
+        bottleneck_evidence=front.bottleneck.evidence if front is not None else "",
+        load_headroom_ratio=headroom.ratio if headroom is not None else None,
+        load_headroom_resource=headroom.resource if headroom is not None else None,
+        budget_drift_ratio=cap.budget_drift_ratio,
+    )
 
 
 def engine_views(
