@@ -66,7 +66,10 @@ class Calibration:
         (tokens), a change of either starts afresh. ``within``: the spreads of headroom
         under which a forecast is judged."""
         if epoch != self._epoch:
-            self.__init__(self.horizon, self.within)  # type: ignore[misc]
+            self._pending.clear()
+            self._peaks.clear()
+            self._worst.clear()
+            self._first_judged = None
             self._epoch = epoch
         # Judge the looks whose horizon has passed, against the peak seen after them.
         while self._pending and self._pending[0].t + self.horizon <= t:
