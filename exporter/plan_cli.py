@@ -176,6 +176,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument(
+        "--flashinfer",
+        choices=("installed", "absent"),
+        help="vLLM before 0.11.1 samples without sorting only where FlashInfer is installed "
+        "(the vllm/vllm-openai image has it; pip install vllm did not): default absent",
+    )
+    p.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -551,6 +557,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enforce_eager=args.enforce_eager,
+        flashinfer_installed=None if args.flashinfer is None else args.flashinfer == "installed",
         quantization=args.quantization,
         weights_bytes=weights,
         weights_source=weights_source,

@@ -361,3 +361,27 @@ def test_a_gpu_count_with_pipeline_stages_splits_over_them(
     )  # fmt: skip
     doc = json.loads(out)
     assert (doc["tensor_parallel_size"], doc["pipeline_parallel_size"]) == (2, 2)
+
+
+def plan_blocks(capsys: pytest.CaptureFixture[str], *flags: str) -> int:
+    code, out, _ = run_plan(
+        capsys, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100",
+        "--output", "json", "--no-what-if", *flags,
+    )  # fmt: skip
+    assert code == 0
+    blocks: int = json.loads(out)["num_blocks"]
+    return blocks
+
+
+def test_flashinfer_installed_plans_a_release_before_0_11_1_without_the_sorting_peak(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # vLLM 0.10.2 from the vllm/vllm-openai image samples sort-free: a smaller profile peak.
+    pip = plan_blocks(capsys, "--vllm-version", "0.10.2")
+    image = plan_blocks(capsys, "--vllm-version", "0.10.2", "--flashinfer", "installed")
+    assert image > pip
+    assert plan_blocks(capsys, "--vllm-version", "0.10.2", "--flashinfer", "absent") == pip
+
+
+def test_flashinfer_changes_nothing_from_0_17(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_blocks(capsys, "--flashinfer", "installed") == plan_blocks(capsys)
