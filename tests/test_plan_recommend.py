@@ -23,7 +23,7 @@ from exporter.cli import main
 from exporter.recommend import Prefill
 from exporter.traffic import DEFAULT_MAX_QUEUE_WAIT, engine_at, load_traffic, replay, split_traffic
 from tests.conftest import fixture_config
-from tests.test_plan_traffic_cli import read_until_exit
+from tests.test_plan_traffic_cli import read_until_exit, write_ordinary_log
 
 PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]
 COARSE = ["--traffic-precision", "0.2"]  # the multiples' search: a few probes, not a dozen
@@ -32,11 +32,7 @@ COARSE = ["--traffic-precision", "0.2"]  # the multiples' search: a few probes, 
 def write_log(folder: Path, prompt: int = 3000, rate: float = 4.0) -> Path:
     """A gateway's log (its own column names): 60 requests, ``rate`` a second. At 3k-token
     prompts, 4 a second, one L4 falls behind (its p95 queue wait passes 5 s)."""
-    rows = ["timestamp,prompt_tokens,output_tokens"]
-    rows += [f"{i / rate:.3f},{prompt + 37 * (i % 11)},{120 + 13 * (i % 7)}" for i in range(60)]
-    path = folder / "gateway.csv"
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    return write_ordinary_log(folder, prompt, rate)
 
 
 def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
