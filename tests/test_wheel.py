@@ -41,8 +41,11 @@ NEEDED = (
 TEST_ONLY = re.compile(r"def families_by_name\(|def families\(|def collect\(")
 
 
-def build(workdir: Path) -> Path:
-    ctx, out = workdir / "context", workdir / "wheel"
+def wheel_context(workdir: Path) -> tuple[Path, dict[str, str]]:
+    """``workdir/context`` holding what the wheel is built from (pyproject.toml, README.md,
+    exporter/; deploy/Dockerfile copies the same), and pip's environment for building it:
+    a fixed timestamp makes the wheel byte-identical for the same source."""
+    ctx = workdir / "context"
     ctx.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, ctx / name)
@@ -50,6 +53,12 @@ def build(workdir: Path) -> Path:
         ROOT / "exporter", ctx / "exporter", ignore=shutil.ignore_patterns("__pycache__")
     )
     env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    return ctx, env
+
+
+def build(workdir: Path) -> Path:
+    ctx, env = wheel_context(workdir)
+    out = workdir / "wheel"
     args = ["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
     proc = subprocess.run(
         [sys.executable, *args, str(ctx)],

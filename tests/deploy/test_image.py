@@ -15,7 +15,6 @@ defaults ask for more than the machine lets a process raise.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,6 @@ import pytest
 
 from tests.deploy.conftest import (
     DEPLOY,
-    ROOT,
     kustomize,
     overlay,
     sidecar_of,
@@ -40,6 +38,7 @@ from tests.deploy.conftest import (
 )
 from tests.deploy.recipes import readme_recipe
 from tests.processes import free_port, http_get
+from tests.test_wheel import wheel_context
 
 pytestmark = pytest.mark.slow
 
@@ -98,16 +97,9 @@ def _ensure_base(workdir: Path) -> None:
 def _context(workdir: Path) -> Path:
     """What the Dockerfile copies, plus wheelhouse/: the project's wheel and its
     dependencies, built by the host's pip (the build itself has no network)."""
-    ctx = workdir / "context"
-    ctx.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, ctx / name)
-    shutil.copytree(
-        ROOT / "exporter", ctx / "exporter", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    # A fixed timestamp makes the wheel byte-identical for the same source, so podman's layer
-    # cache serves an unchanged tree without reinstalling.
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # The byte-identical wheel lets podman's layer cache serve an unchanged tree without
+    # reinstalling.
+    ctx, env = wheel_context(workdir)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(ctx / "wheelhouse"), str(ctx)],
         capture_output=True, text=True, timeout=600, check=False, env=env,
