@@ -204,17 +204,23 @@ class MultimodalProfile:
 DEFAULT_MM_PROFILE = MultimodalProfile()
 
 
+def _json_object(text: str | Mapping[str, Any], where: str, problem: str) -> Mapping[str, Any]:
+    """A flag's JSON object: given parsed (a YAML ``--config``) or as text; ``problem`` is
+    the one line said when it is not an object."""
+    if isinstance(text, Mapping):
+        return text
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise InputError(where, "", text, problem) from None
+    if not isinstance(doc, dict):
+        raise InputError(where, "", text, problem)
+    return doc
+
+
 def parse_speculative_config(text: str | Mapping[str, Any], where: str) -> dict[str, Any]:
     """The JSON object ``--speculative-config`` takes, checked for what sizing needs."""
-    if isinstance(text, Mapping):
-        doc: Any = dict(text)
-    else:
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            raise InputError(where, "", text, "is not a JSON object") from None
-    if not isinstance(doc, dict):
-        raise InputError(where, "", text, "is not a JSON object")
+    doc = dict(_json_object(text, where, "is not a JSON object"))
     method = doc.get("method")
     model = doc.get("model")
     if method is None:
@@ -492,15 +498,7 @@ def parse_mm_limits(text: str | Mapping[str, Any], where: str) -> tuple[tuple[st
     (vllm/config/multimodal.py accepts both), as (modality, count) pairs."""
     if not text:
         return ()
-    if isinstance(text, Mapping):
-        doc: Any = text
-    else:
-        try:
-            doc = json.loads(text)
-        except ValueError:
-            raise InputError(where, "", text, 'is not a JSON object, e.g. {"image": 0}') from None
-    if not isinstance(doc, Mapping):
-        raise InputError(where, "", text, 'is not a JSON object, e.g. {"image": 0}')
+    doc = _json_object(text, where, 'is not a JSON object, e.g. {"image": 0}')
     out = []
     for modality, value in doc.items():
         count = value.get("count") if isinstance(value, Mapping) else value
