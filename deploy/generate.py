@@ -38,7 +38,7 @@ import yaml
 if __package__ in (None, ""):  # run as a script: the repository root holds rules/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rules.generate import SIDECAR_SELECTOR, RenderError, render
+from rules.generate import SIDECAR_SELECTOR, RenderError, add_selector_argument, render
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes" / "generated"
@@ -277,11 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         default=RUNBOOK_BASE,
         help="where alerts' runbook_url links point, before #<alert>; default: %(default)s",
     )
-    parser.add_argument(
-        "--sidecar-selector",
-        default=SIDECAR_SELECTOR,
-        help="the matchers that select the sidecar's scrape job in up{...}; default: %(default)s",
-    )
+    add_selector_argument(parser)
     args = parser.parse_args(argv)
     try:
         outputs = generate(

@@ -108,15 +108,20 @@ def rendered(rules_dir: Path = HERE, *, sidecar_selector: str = SIDECAR_SELECTOR
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rules", type=Path, default=HERE, help="default: rules/")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write them to")
+def add_selector_argument(parser: argparse.ArgumentParser) -> None:
+    """``--sidecar-selector``, as both generators (this and deploy/generate.py) take it."""
     parser.add_argument(
         "--sidecar-selector",
         default=SIDECAR_SELECTOR,
         help="the matchers that select the sidecar's scrape job in up{...}; default: %(default)s",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rules", type=Path, default=HERE, help="default: rules/")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write them to")
+    add_selector_argument(parser)
     args = parser.parse_args(argv)
     try:
         files = rendered(args.rules, sidecar_selector=args.sidecar_selector)
