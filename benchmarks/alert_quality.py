@@ -64,8 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.library import builtin_names, load_scenario
 from exporter.log import configure
+from exporter.replay import Replay, Tick, replay
 from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, HORIZON
-from exporter.simulator.replay import Replay, Tick, replay
 from exporter.simulator.scenario import Scenario
 
 Condition = Callable[[list[Tick], int], bool]

@@ -40,6 +40,7 @@ from typing import Any
 
 from exporter import snapshot
 from exporter.log import configure
+from exporter.replay import Replay, Tick, replay
 from exporter.risk.calibration import Calibration
 from exporter.risk.model import (
     EDGE_FOR_SECONDS,
@@ -51,7 +52,6 @@ from exporter.risk.model import (
     assess,
 )
 from exporter.simulator import family
-from exporter.simulator.replay import Replay, Tick, replay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,7 +130,7 @@ def _sidecar_key() -> str:
         "exporter/poller.py",
         "exporter/risk/bottleneck.py",
         "exporter/sources/vllm_page.py",
-        "exporter/simulator/replay.py",
+        "exporter/replay.py",
         "exporter/simulator/page.py",
         "exporter/simulator/simulation.py",
         "exporter/simulator/scenario.py",
@@ -218,7 +218,7 @@ def run_one(args: tuple[int, float, bool]) -> FuzzRun:
 
 
 def _limit(record: dict[str, Any]) -> Any:
-    from exporter.traffic import Limit
+    from exporter.plan.traffic import Limit
 
     return Limit(record["held"], record["failed"], ())
 

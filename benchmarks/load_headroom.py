@@ -50,12 +50,7 @@ from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.capacity.steptime import StepTimes, step_times
 from exporter.log import configure
-from exporter.simulator.engine import EngineConfig
-from exporter.simulator.replay import Replay, replay
-from exporter.simulator.scenario import Arrival, Scenario, parse_duration
-from exporter.simulator.simulation import size
-from exporter.sources.model_dir import load_model
-from exporter.traffic import (
+from exporter.plan.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     Outcome,
     Traffic,
@@ -64,9 +59,14 @@ from exporter.traffic import (
     search,
     traffic_of,
 )
-from exporter.traffic import (
+from exporter.plan.traffic import (
     replay as replay_traffic,
 )
+from exporter.replay import Replay, replay
+from exporter.simulator.engine import EngineConfig
+from exporter.simulator.scenario import Arrival, Scenario, parse_duration
+from exporter.simulator.simulation import size
+from exporter.sources.model_dir import load_model
 
 TRACE = (
     Path(__file__).resolve().parent.parent / "tests/fixtures/traces/mooncake-conversation-10m.jsonl"

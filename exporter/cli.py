@@ -15,8 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from exporter import __version__, demo_cli, plan_cli, serve_cli
+from exporter import __version__, demo_cli, serve_cli
 from exporter.errors import InputError
+from exporter.plan import cli as plan_cli
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 _TYPE_ERROR = re.compile(r"^argument (\S+): ('.*)$", re.S)

@@ -20,8 +20,8 @@ from benchmarks.alert_quality import (
     plot,
     targets,
 )
+from exporter.replay import Replay, Tick, gauge_resource
 from exporter.risk.model import ALERT_FOR_SECONDS, HORIZON
-from exporter.simulator.replay import Replay, Tick, gauge_resource
 from exporter.simulator.scenario import parse_scenario
 
 

@@ -16,10 +16,10 @@ from benchmarks.load_headroom import (
     window_traffic,
 )
 from exporter.capacity.steptime import step_times
-from exporter.simulator.replay import Replay, Tick
+from exporter.plan.traffic import Traffic
+from exporter.replay import Replay, Tick
 from exporter.simulator.scenario import Arrival
 from exporter.simulator.simulation import load_scenario, size
-from exporter.traffic import Traffic
 
 
 def run(first: float | None, lead: float | None, windows: list[tuple[float, float]]) -> Any:

@@ -20,8 +20,14 @@ from exporter.capacity.plan import PlanRequest
 from exporter.capacity.plan import plan as plan_request
 from exporter.capacity.releases import release
 from exporter.cli import main
-from exporter.recommend import Prefill
-from exporter.traffic import DEFAULT_MAX_QUEUE_WAIT, engine_at, load_traffic, replay, split_traffic
+from exporter.plan.recommend import Prefill
+from exporter.plan.traffic import (
+    DEFAULT_MAX_QUEUE_WAIT,
+    engine_at,
+    load_traffic,
+    replay,
+    split_traffic,
+)
 from tests.conftest import fixture_config
 from tests.test_plan_traffic_cli import read_until_exit, write_ordinary_log
 

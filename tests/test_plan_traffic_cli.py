@@ -21,8 +21,8 @@ from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.plan import PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.cli import main
-from exporter.plan_cli import what_if_guess
-from exporter.traffic import Headroom, Limit, Outcome
+from exporter.plan.cli import what_if_guess
+from exporter.plan.traffic import Headroom, Limit, Outcome
 from tests.conftest import fixture_config
 
 PLAN = ["plan", "--model", "Llama-3.1-8B-Instruct", "--gpu", "L4", "--max-model-len", "8192"]

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.simulator.engine import EngineConfig
-from exporter.simulator.scenario import Arrival
-from exporter.traffic import (
+from exporter.plan.traffic import (
     COPY_SPREAD_SECONDS,
     DEFAULT_MAX_QUEUE_WAIT,
     Outcome,
@@ -23,6 +21,8 @@ from exporter.traffic import (
     search,
     split_traffic,
 )
+from exporter.simulator.engine import EngineConfig
+from exporter.simulator.scenario import Arrival
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "mooncake-conversation-10m.jsonl"
 

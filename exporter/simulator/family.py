@@ -36,10 +36,10 @@ from typing import Any
 
 from exporter.capacity.plan import Plan
 from exporter.errors import InputError
+from exporter.plan.traffic import Limit, Traffic, replay, search
 from exporter.simulator.engine import EngineConfig
 from exporter.simulator.scenario import Arrival, Scenario
 from exporter.simulator.simulation import engine_config, size
-from exporter.traffic import Limit, Traffic, replay, search
 
 FAMILY_VERSION = 1
 HOUR = 3600.0
@@ -448,6 +448,6 @@ def place(d: Draw) -> Placed:
 
 
 def _unrun(m: float) -> Any:
-    from exporter.traffic import Outcome
+    from exporter.plan.traffic import Outcome
 
     return Outcome(m, 0, 0, None, 0.0, 0.0, {}, {}, 0.0, 0.0, False, False)

@@ -33,7 +33,7 @@ from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
 from exporter.capacity.releases import release
 from exporter.cli import build_parser
 from exporter.errors import InputError
-from exporter.plan_cli import build_request
+from exporter.plan.cli import build_request
 from tests.conftest import FIXTURES, fixture_config
 
 GIB = 1 << 30

@@ -20,7 +20,7 @@ from exporter.capacity.plan import (
 )
 from exporter.cli import build_parser
 from exporter.errors import InputError
-from exporter.plan_cli import build_request
+from exporter.plan.cli import build_request
 from exporter.sources.model_dir import load_catalogue
 
 

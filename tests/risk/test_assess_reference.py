@@ -28,8 +28,8 @@ import pytest
 
 from benchmarks.library import load_scenario
 from exporter import snapshot
+from exporter.replay import replay
 from exporter.risk.model import Inputs, Risk, assess
-from exporter.simulator.replay import replay
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PATH = "exporter/risk/model.py"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.capacity.steptime import step_times
-from exporter.simulator.replay import replay
+from exporter.replay import replay
 from exporter.simulator.simulation import load_scenario, size
 from exporter.snapshot import _step_times_of
 

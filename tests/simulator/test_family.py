@@ -6,9 +6,9 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
+from exporter.plan.traffic import Traffic, replay
 from exporter.simulator import family
 from exporter.simulator.family import HOUR, Tenant, draw, place, shape_at
-from exporter.traffic import Traffic, replay
 
 
 def test_a_seed_draws_the_same_hour_every_time() -> None:

@@ -2,7 +2,7 @@
 request log — GPU of the table × tensor-parallel size × replicas × ``max_num_seqs`` × KV
 dtype — each with the largest multiple of the log it holds and what binds it.
 
-A deployment *holds* the log as ``plan --traffic`` says (``exporter/traffic.py``): its 1×
+A deployment *holds* the log as ``plan --traffic`` says (``exporter/plan/traffic.py``): its 1×
 replay never preempts and keeps the p95 queue wait within the bound. R replicas each
 replay their share of the log: the requests dealt round-robin in arrival order, a
 conversation's turns kept on the replica of its first (sticky sessions, so its prefix
@@ -43,9 +43,7 @@ from dataclasses import dataclass
 from exporter.capacity.gpus import Gpu
 from exporter.capacity.plan import Plan, _same_vendor, _tp_sizes, gpu_count, replan
 from exporter.errors import InputError
-from exporter.simulator.engine import EngineConfig
-from exporter.simulator.scenario import Scenario
-from exporter.traffic import (
+from exporter.plan.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
     QUEUE_WAIT_QUANTILE,
@@ -57,6 +55,8 @@ from exporter.traffic import (
     search,
     split_traffic,
 )
+from exporter.simulator.engine import EngineConfig
+from exporter.simulator.scenario import Scenario
 
 RECOMMENDATIONS = 3  # deployments shown, at the fewest GPUs that hold
 DEFAULT_MAX_REPLAYS = 48  # candidates replayed at 1× before the search gives up

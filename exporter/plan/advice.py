@@ -9,8 +9,8 @@ from typing import Any
 
 from exporter.capacity.plan import Fit, Plan, Suggestion, gpu_count, why_not
 from exporter.errors import InputError
-from exporter.recommend import MAX_GPUS, Recommendation, Recommendations, describe
-from exporter.traffic import QUEUE_WAIT_QUANTILE
+from exporter.plan.recommend import MAX_GPUS, Recommendation, Recommendations, describe
+from exporter.plan.traffic import QUEUE_WAIT_QUANTILE
 
 # How each dial reads in the table, in the order the search tries them.
 _DIAL_NAMES = {

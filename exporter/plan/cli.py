@@ -47,7 +47,7 @@ from exporter.capacity.releases import (
 )
 from exporter.cli_args import bounded_float
 from exporter.errors import InputError
-from exporter.plan_advice import (
+from exporter.plan.advice import (
     failure_lines,
     fit_json,
     parse_fit,
@@ -58,11 +58,8 @@ from exporter.plan_advice import (
     suggestion_lines,
     suggestions_json,
 )
-from exporter.recommend import DEFAULT_MAX_REPLAYS, Recommendations, recommend
-from exporter.simulator.requestlog import ROLES
-from exporter.simulator.scenario import Scenario, parse_duration
-from exporter.sources.model_dir import load_catalogue, load_model, load_restored
-from exporter.traffic import (
+from exporter.plan.recommend import DEFAULT_MAX_REPLAYS, Recommendations, recommend
+from exporter.plan.traffic import (
     DEFAULT_MAX_QUEUE_WAIT,
     DEFAULT_PRECISION,
     MAX_MULTIPLIER,
@@ -76,6 +73,9 @@ from exporter.traffic import (
     engine_at,
     load_traffic,
 )
+from exporter.simulator.requestlog import ROLES
+from exporter.simulator.scenario import Scenario, parse_duration
+from exporter.sources.model_dir import load_catalogue, load_model, load_restored
 
 EXIT_OK, EXIT_WONT_START, EXIT_BAD_INPUT = 0, 1, 2
 # With --traffic: the deployment starts but today's traffic (1×) preempts or queues past
