@@ -157,13 +157,42 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     def mean(values: list[float], default: float) -> float:
         return statistics.fmean(values) if values else default
 
-    return replace(
+    peaks = replace(
         base,
         forward_bytes=mean(forward, fallback.forward_bytes),
         sampler_fixed_bytes=mean(sampler["flashinfer"], fallback.sampler_fixed_bytes),
         sampler_kernel_bytes=mean(sampler["kernel"], fallback.sampler_kernel_bytes),
         sampler_sort_bytes=mean(sampler["sorting"], fallback.sampler_sort_bytes),
     )
+    # A TP row that prints its weights and KV memory but no breakdown measures its non-torch
+    # memory as what those, the refitted activation peak and the graph estimate leave of
+    # the ceiling (the TP counterpart of the one-GPU rows' peak above); it joins the
+    # printed TP figures of its era. Not a start with a vision tower: its encoder profile
+    # (unvalidated, see memory.py) would be counted as non-torch memory.
+    measured: dict[tuple[int, int, int], list[float]] = {}
+    for pt in points:
+        if pt.tp == 1 or pt.pp > 1:
+            continue
+        printed = _note(pt, r"non-torch(?: increase)?")
+        if printed is not None:
+            measured.setdefault(era_of(pt), []).append(printed)
+            continue
+        if pt.printed_weights_bytes is None or pt.request.arch.vision_profile_elems:
+            continue
+        stage = plan(replace(pt.request, overhead=peaks)).stages[0]
+        residual = (
+            stage.requested
+            - pt.printed_weights_bytes
+            - pt.printed_kv_bytes
+            - stage.activation
+            - stage.cuda_graph
+        )
+        measured.setdefault(era_of(pt), []).append(residual)
+    tp_measured = tuple(
+        (since, int(statistics.fmean(measured[since])) if since in measured else value)
+        for since, value in peaks.non_torch_tp_by_era
+    )
+    return replace(peaks, non_torch_tp_by_era=tp_measured)
 
 
 # V0's memory_profiling (0.6.4) is the first to split the peak from non-torch memory.
@@ -181,17 +210,26 @@ _PROFILED_SINCE = (0, 6, 4)
 # sorted values and int64 indices on the sorting path.
 _CUBLAS = OverheadModel().cublas_baseline
 _PR_10511_TP = int(1.79 * GIB)
+# V0 up to 0.6.4 charged the process's CUDA context too (memory.py): about 300 MiB with
+# CUDA's lazy module loading (PyTorch issue 107667, NVIDIA's ptrblck).
+_CUDA_CONTEXT = 300 << 20
 PRIOR = replace(
     OverheadModel(),
     forward_bytes=3.0,
     sampler_fixed_bytes=12.0,
     sampler_kernel_bytes=12.0,
     sampler_sort_bytes=24.0,
-    non_torch_single_by_era=(((0, 28, 0), _CUBLAS), ((0, 8, 0), _CUBLAS), ((0, 0, 0), _CUBLAS)),
+    non_torch_single_by_era=(
+        ((0, 28, 0), _CUBLAS),
+        ((0, 8, 0), _CUBLAS),
+        ((0, 6, 5), _CUBLAS),
+        ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT),
+    ),
     non_torch_tp_by_era=(
         ((0, 28, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
-        ((0, 0, 0), _CUBLAS + _PR_10511_TP),
+        ((0, 6, 5), _CUBLAS + _PR_10511_TP),
+        ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT + _PR_10511_TP),
     ),
 )
 

@@ -97,7 +97,8 @@ def test_model_dir_with_a_safetensors_index_uses_its_total_size(
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     _, out, _ = run_plan(capsys, "--model", str(tmp_path), "--output", "json", "--no-what-if")
     doc = json.loads(out)
-    assert doc["memory"]["weights_bytes"] == 20 * 2**30
+    # total_size, plus the rotary table vLLM loads beside it (131,072 positions × 128 × 2 B)
+    assert doc["memory"]["weights_bytes"] == 20 * 2**30 + 131072 * 128 * 2
     assert "metadata.total_size" in doc["sources"]["weights"]
 
 

@@ -71,8 +71,10 @@ def test_exact_weights_come_from_the_safetensors_metadata(
     out = capsys.readouterr().out
     weights = next(line for line in out.splitlines() if "− weights" in line)
     assert code == 0
-    assert "14.96 GiB" in weights  # 8,030,261,248 BF16 parameters × 2 B
+    # 8,030,261,248 BF16 parameters × 2 B, plus the 32 MiB rotary table vLLM loads with them
+    assert "14.99 GiB" in weights
     assert "exact (safetensors metadata on the Hub: 8,030,261,248 BF16 parameters)" in weights
+    assert "+ 32 MiB rotary table" in weights
 
 
 def test_no_weight_file_is_requested(

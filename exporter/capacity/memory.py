@@ -49,14 +49,26 @@ profile run; this module models them:
   GiB above the weights) and Qwen2.5-7B on an RTX 3090 under 0.6.6 (8,192 tokens, 1.09
   GiB): 3.88, 3.86 and 3.77.
 * **non-torch memory** — allocations outside PyTorch after the snapshot, by release era
-  (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it:
-  V0 (before 0.8) 0.27 GiB on one GPU (issue 10517's 0.35 twice, Qwen2.5-7B under 0.6.6's
-  0.10) and 2.06 GiB per GPU with TP > 1 (1.79 GiB more: the TP2 − TP1 difference of the
-  non-torch figures vLLM PR 10511 printed for Llama-3-8B on an H100 under 0.6.x, whose
-  accounting still held NCCL's buffers; no fixture row measures it). 0.8-0.27: 0.055 GiB on
-  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06) and 0.20 GiB
-  per GPU with TP > 1 (Qwen3-235B TP8 under 0.10.2: 0.21; Qwen3-30B-A3B TP4 under 0.8.5:
-  0.20 twice) — the V0 comm-buffer figure does not carry over. From 0.28 vLLM charges
+  (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it.
+  V0 has two accountings. Up to 0.6.4 the worker charged everything on the device that
+  PyTorch had not allocated (``mem_get_info`` used less ``allocated_bytes.all.current``,
+  the "Memory profiling results: ... non_torch_memory=" line), the process's CUDA
+  context included: 0.35 GiB (issue 10517's RTX 3090 starts under 0.6.4, twice). vLLM PR
+  10511 (merged 2024-12-16, in 0.6.5) measures only the growth over a baseline taken when
+  the worker initialises the device (vLLM issue 12059 describes that baseline), which
+  leaves the context out: 0.10 GiB (Qwen2.5-7B under 0.6.6). The context is about 300 MiB
+  with CUDA's lazy module loading (PyTorch issue 107667, NVIDIA's ptrblck; llama.cpp PR
+  20595 gives 120-550 MB by GPU). With TP > 1 each V0 era adds 1.79 GiB per GPU: the TP2
+  − TP1 difference of the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an
+  H100 under 0.6.x, whose accounting still held NCCL's buffers; no fixture row measures
+  it. Releases before 0.6.4 (their worker charged the drop in free memory since device
+  start-up) are not read and take 0.6.4's figures. 0.8-0.27: 0.055 GiB on
+  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06) and 0.187 GiB
+  per GPU with TP > 1 (printed: Qwen3-235B TP8 under 0.10.2, 0.21; Qwen3-30B-A3B TP4
+  under 0.8.5, 0.20 twice; and what printed weights, KV memory and the modelled peak
+  leave of the ceiling in the TP starts that print no breakdown: Qwen2-7B TP2 under
+  0.10.1.1, 0.18, 0.18 and 0.14; gpt-oss-120b TP4 under 0.10.1.1, 0.21) — the V0
+  comm-buffer figure does not carry over. From 0.28 vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
   ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.26
   GiB, the "consumed memory" less the weights of Llama-3.1-8B on an A100 under 0.31 (15.26
@@ -107,12 +119,14 @@ class OverheadModel:
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 28, 0), int(0.26 * GIB)),  # total_consumed less the weights (see above)
         ((0, 8, 0), int(0.055 * GIB)),
-        ((0, 0, 0), int(0.267 * GIB)),
+        ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
+        ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 28, 0), int(0.26 * GIB)),
-        ((0, 8, 0), int(0.203 * GIB)),
-        ((0, 0, 0), int(0.267 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
+        ((0, 8, 0), int(0.187 * GIB)),
+        ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
+        ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
     )  # per GPU with TP > 1, (first release, bytes), newest first
 
 

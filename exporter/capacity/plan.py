@@ -49,7 +49,11 @@ from exporter.capacity.memory import (
     requested_memory,
 )
 from exporter.capacity.releases import Release
-from exporter.capacity.weights import estimate_weights_bytes, stage_weight_bytes
+from exporter.capacity.weights import (
+    estimate_weights_bytes,
+    rotary_cache_bytes,
+    stage_weight_bytes,
+)
 from exporter.errors import InputError
 
 
@@ -520,11 +524,22 @@ def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
         sources["weights"] = req.weights_source
         return req.weights_bytes
     estimate = estimate_weights_bytes(
-        req.arch, req.arch.dtype, req.quantization, native_fp4=req.gpu.family == "blackwell"
+        req.arch,
+        req.arch.dtype,
+        req.quantization,
+        native_fp4=req.gpu.family == "blackwell",
+        marlin_tp=_marlin_tp(req),
     )
     if estimate is not None:
         sources["weights"] = "estimate (config parameters × dtype/quantization)"
     return estimate
+
+
+def _marlin_tp(req: PlanRequest) -> int:
+    """The TP size MXFP4 experts are padded at for Marlin (``Release.mxfp4_marlin_on``), or
+    0 where another kernel (or no MXFP4) loads them."""
+    on = req.release.mxfp4_marlin_on(req.gpu.family) and req.gpu.platform == "cuda"
+    return req.tensor_parallel_size if on else 0
 
 
 def _stage_memory(
@@ -553,10 +568,15 @@ def _stage_memory(
             dtype=arch.dtype,
             quantization=req.quantization,
             native_fp4=req.gpu.family == "blackwell",
+            marlin_tp=_marlin_tp(req),
         )
         if total_weights is not None
         else (0,) * pp
     )
+    rope = rotary_cache_bytes(arch) if total_weights is not None else 0
+    if rope:
+        weights = tuple(w + rope for w in weights)
+        sources["weights"] += f" + {rope / 2**20:.0f} MiB rotary table"
     weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
     width = arch.intermediate_size or 0

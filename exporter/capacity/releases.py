@@ -166,6 +166,26 @@ class Release:
         (public start-ups under 0.8.2, 0.8.5 and 0.10.1.1 print it); 0.11 removed V0."""
         return not self.v1 or (self.version < (0, 11, 0) and gpu_family in ("volta", "turing"))
 
+    def mxfp4_marlin_on(self, gpu_family: str) -> bool:
+        """MXFP4 MoE experts load for the Marlin kernel on this GPU (weight-only FP4).
+
+        vllm/model_executor/layers/quantization/mxfp4.py::get_mxfp4_backend: without native
+        FP4 (before Blackwell) on CUDA, the Triton ``matmul_ogs`` path needs the
+        ``triton_kernels`` package and compute capability 9.x-10.x; anything else takes
+        Marlin. ``pip install vllm`` did not bring ``triton_kernels`` before 0.14: vLLM PR
+        27370 (2025-10-22) made it a dependency, its install failures (issue 27573) kept it
+        out (issue 27672, 2025-10-28: "users will have to install triton_kernels manually"),
+        and a copy vendored as ``vllm/third_party/triton_kernels`` arrived in the 0.14 cycle
+        (stepfun-ai/Step3-VL-10B issue 10: "vLLM >= 0.14.0rc2.dev143"). So Hopper ran
+        Marlin until then: gpt-oss-120b on one H100 logs the Marlin fallback under 0.10.1
+        and loads 65.97 GiB (issue 23278), and 64.38 GiB under 0.14.1 (issue 33155).
+        Ampere and Ada always take Marlin (MXFP4 needs capability 8.0); ROCm and Blackwell
+        do not.
+        """
+        if gpu_family in ("ampere", "ada"):
+            return True
+        return gpu_family == "hopper" and self.version < (0, 14, 0)
+
     @property
     def sampler_warmup_pass(self) -> bool:
         # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.

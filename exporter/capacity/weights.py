@@ -114,11 +114,30 @@ class WeightBytes:
         return self.embed + self.lm_head + sum(self.layers) + self.final_norm + self.vision
 
 
-# MXFP4 keeps one 8-bit E8M0 scale per 32 values. GPUs without native FP4 (before
-# Blackwell) run it through Triton/Marlin kernels that hold the scales as 16-bit values:
-# 4.5 bits a weight, not 4.25. gpt-oss-120b on one H100 loads 64.38 GiB (vLLM 0.14.1,
-# issue 33155) and 65.97 GiB (0.10.1 Marlin, issue 23278) against 60.7 GiB at 4.25 bits.
+# MXFP4 keeps one 8-bit E8M0 scale per 32 values. Without native FP4 (before Blackwell) and
+# not on Marlin (``_marlin_padding``), the Triton path loads more than 4.25 bits a weight:
+# gpt-oss-120b on one H100 loads 64.38 GiB under vLLM 0.14.1 (issue 33155) against 60.7
+# GiB at 4.25 bits, which 4.5 bits a weight (scales held at 16 bits) matches; a figure
+# from that one start, not from the kernel's code.
 _MXFP4_UPCAST_BITS = 4.0 + 16.0 / 32
+
+
+def _marlin_padding(arch: ModelArch, tp: int) -> float:
+    """How much larger the MXFP4 experts load for Marlin: vLLM's ``Mxfp4MoEMethod.
+    create_weights`` (vllm/model_executor/layers/quantization/mxfp4.py) pads each TP
+    partition's expert intermediate size to a multiple of 128 and the hidden size to a
+    multiple of 256 ("the moe marlin kernel requires that for each linear n % 256 == 0 and
+    k % 128 == 0"), its uint8 E8M0 scales staying 8-bit (4.25 bits a weight). gpt-oss-120b
+    (2,880 → 2,944 and 3,072): 65.82 GiB on one GPU, where an H100 under 0.10.1 loaded
+    65.97 (issue 23278); 17.13 GiB a GPU at TP 4 (720 → 768), where A100s under 0.10.1.1
+    loaded 17.22 (tests/fixtures/sizing, dennislee22/vLLM-benchmarking)."""
+    moe, h = arch.moe, arch.hidden_size or 0
+    if moe is None or not h or not moe.expert_intermediate_size:
+        return 1.0
+    inter = moe.expert_intermediate_size
+    part = -(-(inter // tp) // 128) * 128
+    hidden = -(-h // 256) * 256
+    return (part * tp * hidden) / (inter * h)
 
 
 def weight_bytes(
@@ -128,24 +147,31 @@ def weight_bytes(
     quantization: str | None,
     *,
     native_fp4: bool = True,
+    marlin_tp: int = 0,
 ) -> WeightBytes:
     """Bytes per place. ``quantization`` is vLLM's ``--quantization`` (online, e.g. fp8);
     without it the config's ``quantization_config`` decides. ``native_fp4``: the GPU
-    computes in FP4 (Blackwell), so MX scales stay 8-bit."""
+    computes in FP4 (Blackwell), so MX scales stay 8-bit. ``marlin_tp``: MXFP4 experts
+    load for the Marlin kernel (``Release.mxfp4_marlin_on``) at this TP size, padded as
+    ``_marlin_padding`` says; 0 otherwise."""
     dt = DTYPE_BYTES[dtype]
     bits = float(dt * 8)
     q = arch.quantization
+    expert_scale = 1.0
     if quantization in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         bits = 8.0
     elif q is not None and q.weight_bits < bits:
         bits = q.weight_bits
-        if q.method == "mxfp4" and not native_fp4:
+        if q.method == "mxfp4" and marlin_tp > 0:
+            expert_scale = _marlin_padding(arch, marlin_tp)
+        elif q.method == "mxfp4" and not native_fp4:
             bits = _MXFP4_UPCAST_BITS
     # An experts-only scheme (gpt-oss mxfp4, Kimi-K2.5 int4) keeps attention, dense MLPs
     # and shared experts in the model dtype; quantizing a dense model, all of them count.
     rest_bits = dt * 8 if q is not None and q.experts_only else bits
     layers = tuple(
-        int((p.attention + p.mlp) * rest_bits / 8 + p.experts * bits / 8) + p.norms * dt
+        int((p.attention + p.mlp) * rest_bits / 8 + p.experts * expert_scale * bits / 8)
+        + p.norms * dt
         for p in params.layers
     )
     return WeightBytes(
@@ -154,13 +180,46 @@ def weight_bytes(
 
 
 def estimate_weights_bytes(
-    arch: ModelArch, dtype: str, quantization: str | None, *, native_fp4: bool = True
+    arch: ModelArch,
+    dtype: str,
+    quantization: str | None,
+    *,
+    native_fp4: bool = True,
+    marlin_tp: int = 0,
 ) -> int | None:
     """The whole checkpoint as vLLM loads it, from the config; None when sizes are missing."""
     params = count_params(arch)
     if params is None:
         return None
-    return weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4).total
+    return weight_bytes(
+        arch, params, dtype, quantization, native_fp4=native_fp4, marlin_tp=marlin_tp
+    ).total
+
+
+# Model types that place tokens without rotary embeddings (learned positions or ALiBi).
+_NO_ROPE = frozenset({"opt", "gpt2", "gpt_bigcode", "bloom", "mpt", "jais"})
+
+
+def rotary_cache_bytes(arch: ModelArch) -> int:
+    """The rotary embedding's cos/sin table every GPU holds beside the weights.
+
+    vLLM's ``RotaryEmbedding`` (vllm/model_executor/layers/rotary_embedding) computes the
+    cos and sin of every position up to the model's longest context once, casts the table
+    (positions × rotary dims) to the model dtype and registers it as a non-persistent
+    buffer: not in the checkpoint, not sharded over TP, created with the model and so in
+    "Model loading took". ``get_rope`` shares one instance across the layers. Printed
+    weights agree: Llama-3.1-8B 14.99 GiB = 14.958 + 0.031 (131,072 positions × 128 × 2 B;
+    issue 10517), Llama-3.2-3B 6.016 = 5.984 + 0.031, Qwen3-14B 27.52 = 27.508 + 0.010.
+    The length is the config's (YaRN and llama3 scaling included); one table a model
+    (Gemma 3's local and global pair count once).
+    """
+    if arch.model_type in _NO_ROPE or not arch.attention_layers or not arch.max_model_len:
+        return 0
+    if arch.mla is not None:
+        dims = arch.mla.qk_rope_head_dim
+    else:
+        dims = int(arch.attention_layers[0].head_size * arch.partial_rotary_factor)
+    return arch.max_model_len * dims * DTYPE_BYTES[arch.dtype]
 
 
 def stage_weight_bytes(
@@ -172,6 +231,7 @@ def stage_weight_bytes(
     dtype: str,
     quantization: str | None,
     native_fp4: bool = True,
+    marlin_tp: int = 0,
 ) -> tuple[int, ...]:
     """Bytes each GPU of each PP stage loads: ``total_bytes`` split as vLLM places it.
 
@@ -183,7 +243,7 @@ def stage_weight_bytes(
     params = count_params(arch)
     if params is None:
         return tuple(total_bytes * len(r) // (arch.num_layers * tp) for r in stages)
-    wb = weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4)
+    wb = weight_bytes(arch, params, dtype, quantization, native_fp4=native_fp4, marlin_tp=marlin_tp)
     scale = total_bytes / wb.total
     if pp == 1:
         return (total_bytes // tp,)

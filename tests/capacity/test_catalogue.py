@@ -93,7 +93,9 @@ def test_published_checkpoint_size_is_used_for_the_weights(
     code = main(["plan", "--model", "google/gemma-2-9b-it", "--output", "json", "--no-what-if"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
-    assert doc["memory"]["weights_bytes"] == 18_483_411_968
+    # The index's total_size, plus the rotary cos/sin table vLLM loads beside the weights
+    # (8,192 positions × 256 dims × 2 B; weights.rotary_cache_bytes).
+    assert doc["memory"]["weights_bytes"] == 18_483_411_968 + 8192 * 256 * 2
     assert doc["sources"]["weights"].startswith("published checkpoint")
 
 

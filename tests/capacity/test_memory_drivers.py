@@ -10,7 +10,11 @@ from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.memory import ActivationInputs, OverheadModel, activation_peaks
 from exporter.capacity.plan import PlanRequest, plan
 from exporter.capacity.releases import release
-from exporter.capacity.weights import estimate_weights_bytes
+from exporter.capacity.weights import (
+    estimate_weights_bytes,
+    rotary_cache_bytes,
+    stage_weight_bytes,
+)
 from tests.conftest import fixture_config
 
 GIB = 1 << 30
@@ -75,6 +79,50 @@ def test_mxfp4_weights_carry_16_bit_scales_before_blackwell() -> None:
     # vLLM loaded 64.38 GiB on one H100 (0.14.1, issue 33155); 60.7 GiB is 4.25 bits.
     assert abs(hopper / GIB - 64.38) < 0.5
     assert blackwell < hopper
+
+
+def test_mxfp4_experts_load_padded_for_marlin() -> None:
+    arch = parse_config(fixture_config("openai__gpt-oss-120b"), "gpt-oss")
+    one = estimate_weights_bytes(arch, arch.dtype, None, native_fp4=False, marlin_tp=1)
+    four = estimate_weights_bytes(arch, arch.dtype, None, native_fp4=False, marlin_tp=4)
+    assert one is not None
+    assert four is not None
+    # Marlin pads each partition's expert width to 128 and the hidden size to 256: one H100
+    # under 0.10.1 loaded 65.97 GiB (issue 23278), each of four A100s under 0.10.1.1 17.22
+    # GiB (tests/fixtures/sizing, dennislee22/vLLM-benchmarking).
+    assert abs(one / GIB - 65.97) < 0.2
+    per_gpu = stage_weight_bytes(
+        arch, four, tp=4, pp=1, dtype=arch.dtype, quantization=None, marlin_tp=4
+    )[0]
+    assert abs(per_gpu / GIB - 17.22) < 0.15
+
+
+def test_hopper_takes_marlin_until_pip_vllm_brings_triton_kernels() -> None:
+    arch = parse_config(fixture_config("openai__gpt-oss-120b"), "gpt-oss")
+    req = PlanRequest(arch=arch, model_name="g", gpu=lookup_gpu("H100"), release=release("0.11.0"))
+    marlin = plan(req).stages[0].weights
+    triton = plan(replace(req, release=release("0.14.1"))).stages[0].weights
+    on_a100 = plan(replace(req, gpu=lookup_gpu("A100-80GB"), release=release("0.19.0")))
+    assert marlin > triton
+    assert on_a100.stages[0].weights == marlin  # Ampere has no Triton MXFP4 path
+
+
+def test_every_gpu_holds_the_rotary_table_beside_its_weights() -> None:
+    arch = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "llama")
+    # 131,072 positions × 128 rotary dims × 2 B: what issue 10517's printed 14.99 GiB holds
+    # beyond the 14.958 GiB of parameters.
+    assert rotary_cache_bytes(arch) == 131072 * 128 * 2
+    checkpoint = estimate_weights_bytes(arch, arch.dtype, None)
+    assert checkpoint is not None
+    req = PlanRequest(
+        arch=arch,
+        model_name="m",
+        gpu=lookup_gpu("H100"),
+        release=release("0.19.0"),
+        tensor_parallel_size=2,
+    )
+    # Not sharded: each of the two GPUs holds the whole table.
+    assert plan(req).stages[0].weights == checkpoint // 2 + 131072 * 128 * 2
 
 
 def test_plan_uses_the_gpus_fp4_support_for_the_weights() -> None:
