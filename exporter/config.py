@@ -19,6 +19,7 @@ import yaml
 from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
 from exporter.capacity.releases import parse_version
+from exporter.deployment import Deployment
 from exporter.errors import InputError
 from exporter.settings import (
     ENV_PREFIX,
@@ -57,28 +58,6 @@ class ConfigError(Exception):
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = tuple(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """What the sidecar assumes where vLLM itself does not say; None = unknown."""
-
-    vllm_version: str | None = None
-    gpu: str | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_dtype: str | None = None
-    dtype: str | None = None
-    quantization: str | None = None
-    block_size: int | None = None
-    enforce_eager: bool | None = None
-    num_gpu_blocks_override: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    weights_bytes: int | None = None
 
 
 @dataclass(frozen=True)

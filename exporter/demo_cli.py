@@ -25,7 +25,8 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from exporter.cli_args import bounded_float
-from exporter.config import TIMEOUT_SHARE, Config, ConfigError, Deployment, load_config
+from exporter.config import TIMEOUT_SHARE, Config, ConfigError, load_config
+from exporter.deployment import Deployment
 from exporter.log import configure
 from exporter.poller import Poller, PollerDeps
 from exporter.serve_cli import add_config_flag, config_error, config_flags

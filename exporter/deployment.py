@@ -1,4 +1,5 @@
-"""Which flags the running vLLM was started with, and where each one was learnt.
+"""Which flags the running vLLM was started with, and where each one was learnt: the one
+typed ``Deployment``, resolved here and nowhere else.
 
 In order of trust: vLLM's own ``cache_config_info`` labels, ``/v1/models`` and
 ``/version``; the vLLM command line (when the pod shares its process namespace); the
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
+from typing import get_args, get_type_hints
 
 from exporter.cache_config import CacheConfig
 from exporter.capacity.arch import ModelArch, parse_config
@@ -20,6 +23,7 @@ from exporter.capacity.gpus import CPU, Gpu, lookup_gpu
 from exporter.capacity.plan import PlanRequest
 from exporter.capacity.releases import DEFAULT_VERSION, release
 from exporter.errors import InputError
+from exporter.recent import Recent
 
 FROM_CACHE_CONFIG = "vllm cache_config_info"
 FROM_MODELS = "vllm /v1/models"
@@ -27,64 +31,76 @@ FROM_VERSION = "vllm /version"
 FROM_CMDLINE = "vllm command line"
 FROM_CONFIG = "sidecar config"
 
-FLAGS = (
-    "vllm_version",
-    "model",
-    "max_model_len",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "data_parallel_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "gpu_memory_utilization",
-    "kv_cache_dtype",
-    "dtype",
-    "quantization",
-    "block_size",
-    "enforce_eager",
-    "enable_prefix_caching",
-    "num_gpu_blocks_override",
-    "kv_cache_memory_bytes",
-    "gpu",
-    "weights_bytes",
-    # Flags that move the budget or the blocks (capacity/deploy_flags.py).
-    "speculative_config",
-    "enable_lora",
-    "max_loras",
-    "max_lora_rank",
-    "fully_sharded_loras",
-    "lora_dtype",
-    "cpu_offload_gb",
-    "kv_offloading_size",
-    "skip_mm_profiling",
-    "limit_mm_per_prompt",
-    "language_model_only",
-)
-
 
 @dataclass(frozen=True)
-class Resolved:
-    values: Mapping[str, object] = field(default_factory=dict)
-    origin: Mapping[str, str] = field(default_factory=dict)
+class Deployment:
+    """The flags vLLM runs with; None = not known.
 
-    def get(self, key: str) -> object | None:
-        return self.values.get(key)
+    One type for both ends: the sidecar's ``deployment:`` config is a ``Deployment`` (what
+    it assumes where vLLM does not say), and ``resolve`` merges vLLM's own answers over it
+    into another, with ``origin`` naming where each known value was learnt.
+    """
 
-    def int_(self, key: str) -> int | None:
-        v = self.values.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    vllm_version: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    max_model_len: int | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    block_size: int | None = None
+    enforce_eager: bool | None = None
+    enable_prefix_caching: bool | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    weights_bytes: int | None = None
+    # Flags that move the budget or the blocks (capacity/deploy_flags.py); the two JSON
+    # flags as their JSON text.
+    speculative_config: str | None = None
+    enable_lora: bool | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    fully_sharded_loras: bool | None = None
+    lora_dtype: str | None = None
+    cpu_offload_gb: float | None = None
+    kv_offloading_size: float | None = None
+    skip_mm_profiling: bool | None = None
+    limit_mm_per_prompt: str | None = None
+    language_model_only: bool | None = None
+    # Where each known value came from; part of equality (a value vLLM now states is news
+    # on the status page), not of the hash (a mapping has none).
+    origin: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False, repr=False
+    )
 
-    def float_(self, key: str) -> float | None:
-        v = self.values.get(key)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    def items(self) -> tuple[tuple[str, object], ...]:
+        """The known flags, in declaration order."""
+        return tuple((k, v) for k in FLAGS if (v := getattr(self, k)) is not None)
 
-    def str_(self, key: str) -> str | None:
-        v = self.values.get(key)
-        return v if isinstance(v, str) else None
 
-    def bool_(self, key: str) -> bool | None:
-        v = self.values.get(key)
-        return v if isinstance(v, bool) else None
+FLAGS: tuple[str, ...] = tuple(f.name for f in fields(Deployment) if f.name != "origin")
+# A flag's type, from its annotation (``X | None``): what a source offers must be one.
+_KINDS: dict[str, type] = {
+    key: next(t for t in get_args(hint) if t is not type(None))
+    for key, hint in get_type_hints(Deployment).items()
+    if key != "origin"
+}
+
+
+def _typed(key: str, value: object) -> object | None:
+    """``value`` as the flag's type, or None where it is not one (a bool is no number)."""
+    kind = _KINDS[key]
+    if isinstance(value, bool):
+        return value if kind is bool else None
+    if kind is float and isinstance(value, int | float):
+        return float(value)
+    return value if isinstance(value, kind) else None
 
 
 def resolve(
@@ -94,15 +110,16 @@ def resolve(
     version: str | None,
     served_model: str | None = None,
     cmdline: Mapping[str, object] | None,
-    config: Mapping[str, object] | None,
-) -> Resolved:
-    """Merge the sources, most trusted first; a value is taken from the first that has it."""
+    config: Deployment | None,
+) -> Deployment:
+    """Merge the sources, most trusted first; a value is taken from the first that has it
+    (``cmdline`` maps flag names to values, as ``sources.cmdline`` parses them)."""
     values: dict[str, object] = {}
     origin: dict[str, str] = {}
 
     def offer(key: str, value: object | None, source: str) -> None:
-        if value is not None and key not in values:
-            values[key] = value
+        if value is not None and key not in values and (typed := _typed(key, value)) is not None:
+            values[key] = typed
             origin[key] = source
 
     if cache_config is not None:
@@ -117,11 +134,48 @@ def resolve(
     offer("max_model_len", max_model_len, FROM_MODELS)
     offer("model", served_model, FROM_MODELS)
     offer("vllm_version", version, FROM_VERSION)
-    for source, mapping in ((FROM_CMDLINE, cmdline), (FROM_CONFIG, config)):
+    if cmdline is not None:
         for key in FLAGS:
-            if mapping is not None:
-                offer(key, mapping.get(key), source)
-    return Resolved(values, origin)
+            offer(key, cmdline.get(key), FROM_CMDLINE)
+    if config is not None:
+        for key, value in config.items():
+            offer(key, value, FROM_CONFIG)
+    # Each value is of its field's type (``_typed``), which mypy cannot see through **.
+    return Deployment(**values, origin=MappingProxyType(origin))  # type: ignore[arg-type]
+
+
+_RESOLVED: Recent[Deployment] = Recent()
+
+
+def resolved(
+    *,
+    cache_config: CacheConfig | None,
+    max_model_len: int | None,
+    version: str | None,
+    served_model: str | None,
+    cmdline: Mapping[str, object] | None,
+    cmdline_model: str | None,
+    config: Deployment,
+) -> Deployment:
+    """``resolve`` for one poll: the same object while every input is the same (the poll
+    loop's, each poll), so what hangs off the deployment is worked out once. The command
+    line's model is its positional tag where no ``--model`` flag named it."""
+    key = (cache_config, max_model_len, version, served_model, cmdline, cmdline_model, config)
+
+    def make() -> Deployment:
+        flags = dict(cmdline or {})
+        if cmdline_model and "model" not in flags:
+            flags["model"] = cmdline_model
+        return resolve(
+            cache_config=cache_config,
+            max_model_len=max_model_len,
+            version=version,
+            served_model=served_model,
+            cmdline=flags,
+            config=config,
+        )
+
+    return _RESOLVED.get(key, make)
 
 
 def gpu_for_plan(
@@ -148,7 +202,7 @@ def gpu_for_plan(
 
 
 def plan_request(
-    deployment: Resolved,
+    deployment: Deployment,
     *,
     arch: ModelArch,
     model_name: str,
@@ -162,7 +216,7 @@ def plan_request(
     ``load_draft`` reads the config of a drafter named in ``--speculative-config``; by
     default ``read_local_draft``, which finds it only at a path this process can read.
     """
-    version = deployment.str_("vllm_version") or DEFAULT_VERSION
+    version = deployment.vllm_version or DEFAULT_VERSION
     try:
         rel = release(version, "vllm_version")
     except InputError:
@@ -172,22 +226,22 @@ def plan_request(
         model_name=model_name,
         gpu=gpu,
         release=rel,
-        gpu_memory_utilization=deployment.float_("gpu_memory_utilization"),
-        tensor_parallel_size=deployment.int_("tensor_parallel_size") or 1,
-        pipeline_parallel_size=deployment.int_("pipeline_parallel_size") or 1,
-        kv_cache_dtype=deployment.str_("kv_cache_dtype") or "auto",
-        block_size=deployment.int_("block_size"),
-        max_model_len=deployment.int_("max_model_len"),
-        max_num_seqs=deployment.int_("max_num_seqs"),
-        max_num_batched_tokens=deployment.int_("max_num_batched_tokens"),
-        kv_cache_memory_bytes=deployment.int_("kv_cache_memory_bytes"),
-        num_gpu_blocks_override=deployment.int_("num_gpu_blocks_override"),
-        enforce_eager=bool(deployment.bool_("enforce_eager")),
-        quantization=deployment.str_("quantization"),
-        weights_bytes=deployment.int_("weights_bytes") or weights_bytes,
+        gpu_memory_utilization=deployment.gpu_memory_utilization,
+        tensor_parallel_size=deployment.tensor_parallel_size or 1,
+        pipeline_parallel_size=deployment.pipeline_parallel_size or 1,
+        kv_cache_dtype=deployment.kv_cache_dtype or "auto",
+        block_size=deployment.block_size,
+        max_model_len=deployment.max_model_len,
+        max_num_seqs=deployment.max_num_seqs,
+        max_num_batched_tokens=deployment.max_num_batched_tokens,
+        kv_cache_memory_bytes=deployment.kv_cache_memory_bytes,
+        num_gpu_blocks_override=deployment.num_gpu_blocks_override,
+        enforce_eager=bool(deployment.enforce_eager),
+        quantization=deployment.quantization,
+        weights_bytes=deployment.weights_bytes or weights_bytes,
         weights_source=weights_source,
         **deployment_flags(
-            deployment.values, arch, read_local_draft if load_draft is None else load_draft
+            dict(deployment.items()), arch, read_local_draft if load_draft is None else load_draft
         ),
     )
 

@@ -312,15 +312,15 @@ class SnapshotCollector:
             [
                 snap.model_name or "",
                 snap.attention_kind or "",
-                d.str_("kv_cache_dtype") or "auto",
+                d.kv_cache_dtype or "auto",
                 str(block or ""),
-                str(d.int_("tensor_parallel_size") or 1),
-                str(d.int_("pipeline_parallel_size") or 1),
-                d.str_("vllm_version") or "",
+                str(d.tensor_parallel_size or 1),
+                str(d.pipeline_parallel_size or 1),
+                d.vllm_version or "",
             ],
             1,
         )
-        for key, value in sorted(d.values.items()):
+        for key, value in sorted(d.items()):
             f.add("deployment_flag_info", [key, _show(value), d.origin.get(key, "")], 1)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from exporter import snapshot as snapshots
 from exporter.config import Config
-from exporter.deployment import Resolved
+from exporter.deployment import Deployment, resolved
 from exporter.log import get_logger
 from exporter.metrics import LIMITS, render_counted
 from exporter.observe import Folder, History, fold
@@ -41,7 +41,7 @@ from exporter.sources.base import (
 )
 from exporter.sources.registry import REGISTRY
 from exporter.sources.vllm import VllmApi
-from exporter.trail import record
+from exporter.trail import Trail
 
 __all__ = ["Poller", "PollerDeps"]  # PollerDeps lives with the sources; callers import it here
 
@@ -56,13 +56,14 @@ class Poller:
         self.history = History(config.history_seconds, int(config.history_seconds / interval) + 8)
         # How far each engine's occupancy climbed above the risk model's forecasts.
         self.calibrations = Calibrations(HORIZON, Z_HALF)
+        self.trail = Trail()
         self._sources = self._make_sources()
         self._health = {s.name: SourceHealth(s.name) for s in self._sources if s.reports_health}
         self.readings = Readings(order=tuple(s.name for s in self._sources))
         self._folder = Folder()
         self._limits_hit: set[str] = set()
         self._poll_failure: str | None = None
-        self._last_resolved: Resolved | None = None  # the same object while nothing changed
+        self._last_resolved: Deployment | None = None  # the same object while nothing changed
         self._last_expected_note = ""
         self._missing: tuple[str, ...] = ()
         self.snapshot = snapshots.empty(self._deps.clock(), self._states())
@@ -141,7 +142,7 @@ class Poller:
                 self._log.info("poll_recovered", error=self._poll_failure)
                 self._poll_failure = None
         self.snapshot = snapshot
-        record(self, snapshot)  # the status page's history chart (exporter/trail.py)
+        self.trail.add(snapshot)  # the status page's history chart
         self.polls += 1
         self.last_poll_end = self._deps.clock()
         return snapshot
@@ -219,20 +220,33 @@ class Poller:
         # One event per restart, however many signs of it one page shows.
         self._log.info("vllm_restarted", reason="; ".join(reasons))
 
-    def _resolve(self) -> Resolved:
-        resolved = snapshots.deployment_of(self.history, self.readings, self.config.deployment)
-        if resolved is self._last_resolved:
-            return resolved
-        before = self._last_resolved.values if self._last_resolved is not None else {}
-        self._last_resolved = resolved
-        if dict(resolved.values) != dict(before):
+    def _resolve(self) -> Deployment:
+        """The flags vLLM runs with, from its last good page, /v1/models, its command line
+        and the sidecar's ``deployment:`` config, most trusted first."""
+        good = self.history.last_good()
+        page = good.page if good is not None else None
+        card, flags = self.readings.card, self.readings.flags
+        deployment = resolved(
+            cache_config=page.engines[0].cache_config if page and page.engines else None,
+            max_model_len=card.max_model_len if card else None,
+            version=self.readings.version,
+            served_model=card.root if card else None,
+            cmdline=flags.values if flags else None,
+            cmdline_model=flags.model if flags else None,
+            config=self.config.deployment,
+        )
+        if deployment is self._last_resolved:
+            return deployment
+        before = dict(self._last_resolved.items()) if self._last_resolved is not None else {}
+        self._last_resolved = deployment
+        if dict(deployment.items()) != before:
             changed = {
-                k: f"{v} ({resolved.origin[k]})"
-                for k, v in resolved.values.items()
+                k: f"{v} ({deployment.origin[k]})"
+                for k, v in deployment.items()
                 if before.get(k) != v
             }
             self._log.info("deployment", changed=changed)
-        return resolved
+        return deployment
 
     def _judge(self, snapshot: Snapshot) -> None:
         """Keep each engine's forecast, to be judged once its horizon has passed."""

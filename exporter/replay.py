@@ -16,7 +16,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.config import Config, Deployment
+from exporter.config import Config
+from exporter.deployment import Deployment
 from exporter.poller import Poller, PollerDeps
 from exporter.simulator.scenario import Scenario
 from exporter.simulator.simulation import Simulation

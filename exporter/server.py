@@ -33,7 +33,6 @@ from exporter.config import Config
 from exporter.poller import Poller, PollerDeps
 from exporter.sources.vllm import VllmClient, client_session
 from exporter.status import status_page
-from exporter.trail import trail_of
 from exporter.webconfig import RateLimit, WebConfig, allowed_san
 
 # aiohttp's request handler limits, passed where the runner is made (serve, tests).
@@ -106,7 +105,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def index(request: web.Request) -> web.Response:
     poller = request.app[POLLER]
-    html = status_page(poller.snapshot, poller.config, trail_of(poller))
+    html = status_page(poller.snapshot, poller.config, poller.trail)
     resp = web.Response(text=html, content_type="text/html", charset="utf-8")
     resp.headers["Content-Security-Policy"] = STATUS_CSP
     return resp

@@ -1,7 +1,7 @@
 """One immutable snapshot of everything the sidecar exports, assembled here. Pure.
 
 The poll loop is the only writer: it appends an observation, resolves the deployment
-(``deployment_of``), calls ``build`` with what the sources read and swaps the result in;
+(``exporter/deployment.py``), calls ``build`` with what the sources read and swaps the result in;
 a scrape only renders the latest snapshot. Every figure the collector writes is computed
 here, so the collector only formats.
 """
@@ -9,10 +9,8 @@ here, so the collector only formats.
 from __future__ import annotations
 
 import functools
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
 
 from exporter.cache_config import CacheConfig
 from exporter.capacity.gpus import GIB
@@ -31,10 +29,10 @@ from exporter.capacity.memory import requested_memory
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import Release, TokenLine
 from exporter.capacity.steptime import StepTimes, step_times
-from exporter.config import Deployment
-from exporter.deployment import Resolved, gpu_for_plan, plan_request, resolve
+from exporter.deployment import Deployment, gpu_for_plan, plan_request
 from exporter.errors import InputError
 from exporter.observe import History, Observation, Totals
+from exporter.recent import Recent
 from exporter.risk.bottleneck import Bottleneck, classify, settled
 from exporter.risk.headroom import LoadHeadroom, load_headroom
 from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
@@ -43,38 +41,12 @@ from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GPU_MEMORY, GpuMemory
 from exporter.sources.vllm_page import EngineMetrics
 
-if TYPE_CHECKING:
-    from exporter.sources.cmdline import Flags
-    from exporter.sources.vllm import ModelCard
-
-__all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build", "deployment_of"]
+__all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build"]
 
 # What vLLM uses on a GPU outside its budget: the CUDA context (≈0.5 GiB on H100s),
 # and before 0.20 the CUDA-graph pool too (not subtracted from the budget then).
 CUDA_CONTEXT_BYTES = GIB // 2
 RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
-
-_T = TypeVar("_T")
-
-
-class _Recent(Generic[_T]):
-    """The results of a function for its last few inputs. An input matches when it is the
-    same object, else when it is equal: the page parser, the sources and the plan cache
-    hand back the same objects while nothing changed, so a poll's check is a few ``is``
-    tests, and an input rebuilt equal still matches. Some figures are worked out from the
-    deployment alone, which changes only when vLLM or the sidecar restarts; redoing them
-    cost ~45 µs a poll. A few entries, not one: pollers in one process each find theirs."""
-
-    def __init__(self, size: int = 8) -> None:
-        self._entries: deque[tuple[tuple[object, ...], _T]] = deque(maxlen=size)
-
-    def get(self, key: tuple[object, ...], make: Callable[[], _T]) -> _T:
-        for held, value in self._entries:
-            if all(a is b or a == b for a, b in zip(held, key, strict=True)):
-                return value
-        value = make()
-        self._entries.append((key, value))
-        return value
 
 
 @dataclass(frozen=True)
@@ -127,7 +99,7 @@ class Snapshot:
     time: float
     sources: tuple[SourceState, ...]
     poll_duration_seconds: float
-    deployment: Resolved
+    deployment: Deployment
     model_name: str | None
     attention_kind: str | None
     kv_bytes_per_token: float | None
@@ -221,7 +193,7 @@ def engine_capacity(
     *,
     now_totals: Totals | None,
     then_totals: Totals | None,
-    deployment: Resolved,
+    deployment: Deployment,
     plan: Plan | None,
     max_model_len: int | None,
 ) -> EngineCapacity:
@@ -262,7 +234,7 @@ def engine_capacity(
     if occupancy is not None:
         total_fit, free_fit = ceilings(occupancy, layout, contexts)
     users = {label: n / seqs_per_request for label, n in total_fit.items()}
-    max_num_seqs = deployment.int_("max_num_seqs") or (plan.max_num_seqs if plan else None)
+    max_num_seqs = deployment.max_num_seqs or (plan.max_num_seqs if plan else None)
     at_p95 = total_fit.get("p95")
     overcommit = ratio(max_num_seqs, at_p95) if max_num_seqs and at_p95 is not None else None
 
@@ -384,7 +356,7 @@ def engine_view(
     stale: bool,
     now_totals: Totals | None,
     then_totals: Totals | None,
-    deployment: Resolved,
+    deployment: Deployment,
     plan: Plan | None,
     max_model_len: int | None,
     mix_start: Observation | None = None,
@@ -449,7 +421,7 @@ def engine_view(
 def engine_views(
     history: History,
     window_seconds: float,
-    deployment: Resolved,
+    deployment: Deployment,
     plan: Plan | None,
     excursions: Mapping[str, float | None] | None = None,
 ) -> tuple[EngineView, ...]:
@@ -458,7 +430,7 @@ def engine_views(
         return ()
     stale = latest.page is None
     start = history.at_or_after(latest.time - window_seconds)
-    max_model_len = deployment.int_("max_model_len") or (plan.max_model_len if plan else None)
+    max_model_len = deployment.max_model_len or (plan.max_model_len if plan else None)
     since = latest.time - RISK_HISTORY_SECONDS
     # The traffic mix's window starts here: a bisection, not a scan of the last minutes.
     mix_start = history.at_or_after(latest.time - RISK_MIX_SECONDS)
@@ -509,46 +481,7 @@ def gpu_views(gpus: Sequence[GpuMemory], plan: Plan | None) -> tuple[GpuView, ..
     return tuple(out)
 
 
-def deployment_of(history: History, readings: Readings, config: Deployment) -> Resolved:
-    """The flags vLLM runs with, from its last good page, /v1/models, its command line and
-    the sidecar's ``deployment:`` config, most trusted first."""
-    good = history.last_good()
-    cache_config = None
-    if good is not None and good.page is not None and good.page.engines:
-        cache_config = good.page.engines[0].cache_config
-    card, flags, version = readings.card, readings.flags, readings.version
-    return _DEPLOYMENTS.get(
-        (cache_config, card, flags, version, config),
-        lambda: _deployment(cache_config, card, flags, version, config),
-    )
-
-
-_DEPLOYMENTS: _Recent[Resolved] = _Recent()
-
-
-def _deployment(
-    cache_config: CacheConfig | None,
-    card: ModelCard | None,
-    flags: Flags | None,
-    version: str | None,
-    config: Deployment,
-) -> Resolved:
-    cmdline: dict[str, object] = dict(flags.values) if flags else {}
-    if flags and flags.model and "model" not in cmdline:
-        cmdline["model"] = flags.model
-    # vars(), not asdict(): the fields are flat, and asdict deep-copies them.
-    overrides = {k: v for k, v in vars(config).items() if v is not None}
-    return resolve(
-        cache_config=cache_config,
-        max_model_len=card.max_model_len if card else None,
-        version=version,
-        served_model=card.root if card else None,
-        cmdline=cmdline,
-        config=overrides,
-    )
-
-
-_STEP_TIMES: _Recent[StepTimes] = _Recent()
+_STEP_TIMES: Recent[StepTimes] = Recent()
 
 
 def _step_times_of(plan: Plan) -> StepTimes:
@@ -566,7 +499,7 @@ def _plan_or_why(request: PlanRequest) -> Plan | str:
 
 
 def expected_plan(
-    deployment: Resolved,
+    deployment: Deployment,
     model: LoadedModel | None,
     gpus: Sequence[GpuMemory],
     configured_gpu: str | None,
@@ -581,17 +514,17 @@ def expected_plan(
     )
 
 
-_EXPECTED: _Recent[tuple[Plan | None, str]] = _Recent()
+_EXPECTED: Recent[tuple[Plan | None, str]] = Recent()
 
 
 def _expected(
-    deployment: Resolved,
+    deployment: Deployment,
     model: LoadedModel,
     nvml_gpu: tuple[str, int] | None,
     configured_gpu: str | None,
 ) -> tuple[Plan | None, str]:
     gpu, gpu_note = gpu_for_plan(
-        nvml_gpu, configured_gpu, deployment.int_("kv_cache_memory_bytes") is not None
+        nvml_gpu, configured_gpu, deployment.kv_cache_memory_bytes is not None
     )
     if gpu is None:
         return None, f"GPU memory {gpu_note}"
@@ -645,7 +578,7 @@ def build(
     history: History,
     readings: Readings,
     sources: Sequence[SourceState],
-    deployment: Resolved,
+    deployment: Deployment,
     window_seconds: float,
     configured_gpu: str | None,
     duration: float,
@@ -682,7 +615,7 @@ def build(
         vllm_ready=vllm is not None and vllm.last_success is not None,
         notes=tuple(model.arch.approximate) if model else (),
         limited=limited,
-        block_size=deployment.int_("block_size") or (expected.block_size if expected else None),
+        block_size=deployment.block_size or (expected.block_size if expected else None),
     )
 
 
@@ -692,7 +625,7 @@ def empty(now: float, sources: Sequence[SourceState]) -> Snapshot:
         time=now,
         sources=tuple(sources),
         poll_duration_seconds=0.0,
-        deployment=Resolved(),
+        deployment=Deployment(),
         model_name=None,
         attention_kind=None,
         kv_bytes_per_token=None,

@@ -478,10 +478,7 @@ def status_page(snap: Snapshot, config: Config, trail: Trail | None = None) -> s
         if s.up and s.missing
     ]
     flags = _rows(
-        [
-            (k, str(v), snap.deployment.origin.get(k, ""))
-            for k, v in sorted(snap.deployment.values.items())
-        ]
+        [(k, str(v), snap.deployment.origin.get(k, "")) for k, v in sorted(snap.deployment.items())]
     )
     gpus = _rows([_gpu_row(g) for g in snap.gpus])
     engines = "".join(_engine(v) for v in snap.engines)

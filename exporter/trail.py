@@ -1,4 +1,4 @@
-"""The sidecar's own recent history, for the status page's chart. Pure.
+"""The sidecar's own recent history, for the status page's chart.
 
 One ``TrailPoint`` per snapshot, thinned to at most one per ``spacing`` seconds (plus the
 newest, so the chart always ends at the latest poll) and kept for ``seconds``, so the ring
@@ -6,14 +6,12 @@ holds a fixed number of points whatever the poll interval: a 100 ms poll and a 1
 both draw the last half hour. Preemptions are noticed on every snapshot, kept or not, so
 the last one is never thinned away.
 
-The poll loop hands each new snapshot to ``record``; the status page reads ``trail_of``.
-The ring hangs off the poller in a weak mapping, so the poller needs no field for it and a
-poller that is gone takes its trail with it.
+The poller owns one ``Trail`` (state, kept where the poll loop's other state is): it adds
+each new snapshot, and the status page reads its points.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -85,19 +83,3 @@ class Trail:
 
     def points(self) -> tuple[TrailPoint, ...]:
         return (*self._points, self._head) if self._head is not None else tuple(self._points)
-
-
-_TRAILS: weakref.WeakKeyDictionary[object, Trail] = weakref.WeakKeyDictionary()
-
-
-def trail_of(owner: object) -> Trail:
-    """The trail kept for ``owner`` (a poller), made on first use."""
-    trail = _TRAILS.get(owner)
-    if trail is None:
-        trail = _TRAILS[owner] = Trail()
-    return trail
-
-
-def record(owner: object, snap: Snapshot) -> None:
-    """The poll loop's one call: remember what this snapshot shows."""
-    trail_of(owner).add(snap)

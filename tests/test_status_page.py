@@ -27,7 +27,7 @@ from exporter.snapshot import Snapshot
 from exporter.snapshot import empty as snapshot_empty
 from exporter.sources.vllm import VllmClient
 from exporter.status import status_page
-from exporter.trail import Trail, trail_of
+from exporter.trail import Trail
 
 START = 1_800_000_000.0
 
@@ -48,7 +48,7 @@ class Stack:
         return self.poller.snapshot
 
     def page(self) -> str:
-        return status_page(self.poller.snapshot, self.config, trail_of(self.poller))
+        return status_page(self.poller.snapshot, self.config, self.poller.trail)
 
 
 @contextlib.asynccontextmanager

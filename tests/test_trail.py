@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from exporter.capacity.live import Occupancy
-from exporter.deployment import Resolved
+from exporter.deployment import Deployment
 from exporter.snapshot import EngineView, Snapshot
 from exporter.trail import Trail, point_of
 
@@ -18,7 +18,7 @@ ENGINE = EngineView(
     prefix_cache_extra_sequences=None, stale=False,
 )  # fmt: skip
 EMPTY = Snapshot(
-    time=0.0, sources=(), poll_duration_seconds=0.0, deployment=Resolved(), model_name=None,
+    time=0.0, sources=(), poll_duration_seconds=0.0, deployment=Deployment(), model_name=None,
     attention_kind=None, kv_bytes_per_token=None, kv_bytes_per_token_source=None,
     expected=None, expected_note="", engines=(), gpus=(), vllm_ready=False,
 )  # fmt: skip

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
-from exporter.deployment import Resolved
+from exporter.deployment import Deployment
 from exporter.settings import Spec
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class Readings:
     process: VllmProcess | None = None  # the vLLM process, when its /proc entry is visible
     flags: Flags | None = None
     model: LoadedModel | None = None
-    deployment: Resolved = field(default_factory=Resolved)  # set between the two stages
+    deployment: Deployment = field(default_factory=Deployment)  # set between the two stages
     # Which writer of a slot wins: the sources' names in registry order (the poller sets it).
     order: tuple[str, ...] = ()
     _slots: dict[Slot[Any], dict[str, Any]] = field(default_factory=dict, repr=False)

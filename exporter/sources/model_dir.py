@@ -25,7 +25,7 @@ from exporter.capacity.catalogue import (
     parse_catalogue,
     parse_restored,
 )
-from exporter.deployment import Resolved
+from exporter.deployment import Deployment
 from exporter.errors import InputError
 from exporter.hub import load_from_hub, looks_like_repo_id
 from exporter.log import get_logger
@@ -223,13 +223,13 @@ def hf_caches(env: Mapping[str, str]) -> list[Path]:
 
 
 def locate_model(
-    configured: str | None, deployment: Resolved, env: Mapping[str, str]
+    configured: str | None, deployment: Deployment, env: Mapping[str, str]
 ) -> str | None:
     """``model.path``; else vLLM's ``--model`` when that path is visible here too, directly
     or as an entry of a Hugging Face cache named by ``env`` (vLLM's, when visible)."""
     if configured:
         return configured
-    model = deployment.str_("model")
+    model = deployment.model
     if model and Path(model).exists():
         return model
     if model and "/" in model:
@@ -271,7 +271,7 @@ class ModelDirSource:
         if where is None:
             readings.model = None
             return "not_configured", "no model path: set model.path"
-        dtype = deployment.str_("dtype") or "auto"
+        dtype = deployment.dtype or "auto"
         key = (where, dtype)
         if readings.model is not None and readings.model.key == key:
             return None

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from exporter.config import Deployment
-from exporter.observe import Folder, History, fold
-from exporter.snapshot import _Recent, deployment_of
-from exporter.sources.base import Readings
+from exporter.config import Config
+from exporter.observe import Folder, fold
+from exporter.poller import Poller, PollerDeps
+from exporter.recent import Recent
 from exporter.sources.vllm import ModelCard
 from exporter.sources.vllm_page import parse_page
 from tests.conftest import FIXTURES
@@ -13,7 +13,7 @@ from tests.conftest import FIXTURES
 
 def test_a_result_is_kept_for_the_same_or_an_equal_input_and_made_anew_for_another() -> None:
     made: list[str] = []
-    recent: _Recent[str] = _Recent(size=2)
+    recent: Recent[str] = Recent(size=2)
 
     def get(*key: object) -> str:
         def make() -> str:
@@ -33,17 +33,17 @@ def test_a_result_is_kept_for_the_same_or_an_equal_input_and_made_anew_for_anoth
 
 def test_the_deployment_is_the_same_object_until_what_it_comes_from_changes() -> None:
     page = parse_page((FIXTURES / "vllm" / "vllm-0.32-cpu-preempted.txt").read_text())
-    history = History(keep_seconds=60, max_len=10)
+    poller = Poller(Config(nvml_enabled=False), None, PollerDeps())  # type: ignore[arg-type]
     folder = Folder()
-    readings = Readings(card=ModelCard(names=("m",), max_model_len=2048, root=None))
+    poller.readings.card = ModelCard(names=("m",), max_model_len=2048, root=None)
     resolved = []
     for now in (0.0, 2.0):
         folded = fold(folder, now, page)
-        history.append(folded.observation)
+        poller.history.append(folded.observation)
         folder = folded.folder
-        resolved.append(deployment_of(history, readings, Deployment()))
+        resolved.append(poller._resolve())
     assert resolved[1] is resolved[0]
-    readings.card = ModelCard(names=("m",), max_model_len=4096, root=None)
-    changed = deployment_of(history, readings, Deployment())
+    poller.readings.card = ModelCard(names=("m",), max_model_len=4096, root=None)
+    changed = poller._resolve()
     assert changed is not resolved[0]
-    assert changed.int_("max_model_len") == 4096
+    assert changed.max_model_len == 4096

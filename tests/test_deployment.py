@@ -1,0 +1,81 @@
+"""The one typed deployment: each flag from the most trusted source that has it, typed."""
+
+from __future__ import annotations
+
+from typing import get_args, get_type_hints
+
+from exporter.cache_config import CacheConfig
+from exporter.deployment import (
+    FLAGS,
+    FROM_CACHE_CONFIG,
+    FROM_CMDLINE,
+    FROM_CONFIG,
+    Deployment,
+    resolve,
+)
+from exporter.sources.cmdline import CANONICAL, parse_flags
+
+
+def test_each_flag_comes_from_the_most_trusted_source_that_has_it_and_says_which() -> None:
+    d = resolve(
+        cache_config=CacheConfig(block_size=16),
+        max_model_len=None,
+        version=None,
+        cmdline={"block_size": 32, "max_num_seqs": 64},
+        config=Deployment(max_num_seqs=8, gpu="L4"),
+    )
+    assert (d.block_size, d.max_num_seqs, d.gpu) == (16, 64, "L4")
+    assert dict(d.origin) == {
+        "block_size": FROM_CACHE_CONFIG,
+        "max_num_seqs": FROM_CMDLINE,
+        "gpu": FROM_CONFIG,
+    }
+
+
+def test_a_value_not_of_the_flags_type_is_passed_over_for_the_next_source() -> None:
+    d = resolve(
+        cache_config=None,
+        max_model_len=None,
+        version=None,
+        cmdline={"max_num_seqs": "64", "enforce_eager": 1},
+        config=Deployment(max_num_seqs=8),
+    )
+    assert (d.max_num_seqs, d.enforce_eager) == (8, None)
+    assert d.origin["max_num_seqs"] == FROM_CONFIG
+
+
+def test_a_whole_number_utilization_is_a_float() -> None:
+    d = resolve(
+        cache_config=None, max_model_len=None, version=None, cmdline={"gpu_memory_utilization": 1},
+        config=None,
+    )  # fmt: skip
+    assert d.gpu_memory_utilization == 1.0
+    assert isinstance(d.gpu_memory_utilization, float)
+
+
+def test_every_flag_the_command_line_types_arrives_with_the_deployments_type() -> None:
+    argv = ["vllm", "serve", "/m", "-tp", "2", "--max-num-seqs", "8", "--dtype", "half"]
+    argv += ["--gpu-memory-utilization", "0.8", "--enforce-eager", "--cpu-offload-gb", "2"]
+    argv += ["--speculative-config", '{"method": "ngram"}', "--max-model-len", "4K"]
+    flags = parse_flags(argv, read_text=lambda _: "")
+    d = resolve(
+        cache_config=None, max_model_len=None, version=None, cmdline=dict(flags.values),
+        config=None,
+    )  # fmt: skip
+    assert {k for k, _ in d.items()} == set(flags.values)
+    hints = get_type_hints(Deployment)
+    for key, value in d.items():
+        assert isinstance(value, get_args(hints[key])[0]), key
+
+
+def test_the_command_lines_typed_flags_that_size_the_cache_are_all_deployment_fields() -> None:
+    # Flags the parser reads for the server's own use, not for the cache's size.
+    elsewhere = {"served_model_name", "swap_space", "max_num_partial_prefills", "port", "host"}
+    elsewhere |= {"disable_hybrid_kv_cache_manager", "async_scheduling"}
+    parsed = {name for name, _ in CANONICAL.values()}
+    assert parsed - elsewhere <= set(FLAGS)
+
+
+def test_items_list_the_known_flags_and_leave_out_the_origin() -> None:
+    d = Deployment(model="m", max_num_seqs=4, origin={"model": FROM_CONFIG})
+    assert d.items() == (("model", "m"), ("max_num_seqs", 4))
