@@ -95,6 +95,7 @@ CUSTOM = (
     ("prometheusPodLabelValue", "prom"),
     ("release", "prom-stack"),
     ("runbookBaseUrl", "https://wiki.example.com/kv-headroom-runbook"),
+    ("sidecarSelector", 'namespace="llm",job=~"llm/.*kv-headroom.*"'),
 )
 
 

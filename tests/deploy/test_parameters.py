@@ -4,6 +4,7 @@ apply-parameters gets the same objects)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import KUBERNETES, kustomize
+from tests.deploy.conftest import KUBERNETES, kubectl_problem, kustomize
 from tests.deploy.recipes import (
     CUSTOM,
     OPEN_POLICY,
@@ -19,15 +20,21 @@ from tests.deploy.recipes import (
     Combination,
     render_combination,
 )
+from tests.deploy.test_generate import gen
 from tests.deploy.test_manifests import (
     K8S_VERSIONS,
     OPERATOR_KINDS,
     validate_operator_object,
 )
+from tests.rules.test_promtool import promtool
+from tests.rules.test_selector import CUSTOM as CUSTOM_SELECTOR
+from tests.rules.test_selector import PROMTOOL_TESTS
 
 DEFAULTS: dict[str, Any] = yaml.safe_load(
     (KUBERNETES / "parameters" / "parameters.yaml").read_text()
 )["spec"]
+# Every up{...} of the rules holds the sidecar selector (rules/generate.py refuses others).
+UP = re.compile(r"\bup\{([^{}]*)\}")
 
 
 def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
@@ -43,6 +50,8 @@ def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
                     url = rule.get("annotations", {}).get("runbook_url")
                     if url is not None:
                         out["runbookBaseUrl"].add(url.partition("#")[0])
+                    for text in (rule["expr"], *rule.get("annotations", {}).values()):
+                        out["sidecarSelector"].update(UP.findall(text))
         if kind == "PodMonitor":
             out["vllmPort"].add(spec["podMetricsEndpoints"][1]["targetPort"])
         if kind == "Service" and o["metadata"]["name"] == "vllm-kv-headroom":
@@ -89,3 +98,47 @@ def test_recipe_with_custom_parameters_is_valid(tmp_path: Path, monitor: str) ->
             validate_operator_object(obj)
         else:
             kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
+
+
+# --- the sidecar selector ------------------------------------------------------------------
+
+
+def rendered_rules(tmp_path: Path, **parameters: Any) -> dict[str, Any]:
+    """The PrometheusRules' specs, by name, that the README's recipe renders with these
+    Parameters; kubectl missing fails the test (it is what renders the parameter)."""
+    assert (problem := kubectl_problem()) is None, problem
+    combo = Combination("podmonitor", None, tuple(parameters.items()))
+    objects = render_combination(tmp_path, combo)
+    return {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "PrometheusRule"}
+
+
+def generated_rules(tmp_path: Path, *args: str) -> dict[str, Any]:
+    """The PrometheusRules' specs, by name, that deploy/generate.py writes with these flags."""
+    assert gen.main(["--out", str(tmp_path), *args]) == 0
+    objects = [yaml.safe_load(p.read_text()) for p in sorted(tmp_path.glob("prometheusrule-*"))]
+    return {o["metadata"]["name"]: o["spec"] for o in objects}
+
+
+@pytest.mark.parametrize(
+    "selector", [CUSTOM_SELECTOR, 'namespace="llm", job=~"llm/.*kv-headroom.*"']
+)
+def test_the_sidecar_selector_parameter_renders_what_deploy_generate_renders(
+    tmp_path: Path, selector: str
+) -> None:
+    # Expressions and the description that quotes the selector, and nothing else, as
+    # `deploy/generate.py --sidecar-selector` writes them: one parameter, two ways to set it.
+    custom = rendered_rules(tmp_path / "kustomize", sidecarSelector=selector)
+    assert custom == generated_rules(tmp_path / "generate", "--sidecar-selector", selector)
+    assert custom != generated_rules(tmp_path / "defaults")
+
+
+def test_with_the_sidecar_selector_parameter_the_rules_alert_on_that_job(tmp_path: Path) -> None:
+    # tests/rules/test_selector.py's promtool tests of the generator's custom rendering, run
+    # on the rules kustomize rendered: the custom job's sidecar down pages, the default's not.
+    spec = rendered_rules(tmp_path / "kustomize", sidecarSelector=CUSTOM_SELECTOR)
+    rules = spec["vllm-kv-headroom-rules"]
+    (tmp_path / "kv-headroom.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    test_file = tmp_path / "selector.test.yml"
+    test_file.write_text(yaml.safe_dump(PROMTOOL_TESTS, sort_keys=False))
+    result = promtool("test", "rules", test_file)
+    assert result.returncode == 0, result.stdout + result.stderr
