@@ -29,7 +29,6 @@ from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.sources.vllm import VllmClient
 from exporter.status import status_page
-from exporter.trail import trail_of
 
 DOCS = Path(__file__).resolve().parent
 START = 1_800_000_000.0
@@ -58,10 +57,10 @@ async def render(scenario: str, at: float | None, every: float = 2.0) -> str:
                 now += every
                 sim.advance_to(now - START)
                 await poller.poll_once()
-                first = trail_of(poller).last_preemption
+                first = poller.trail.last_preemption
                 if at is None and first is not None:
                     stop = min(stop, first - START + 60)
-            return status_page(poller.snapshot, config, trail_of(poller))
+            return status_page(poller.snapshot, config, poller.trail)
         finally:
             await poller.close()
             await server.close()
