@@ -1,0 +1,1 @@
+"""The generated reference pages (``docs/generate.py``) and the status-page screenshot."""
