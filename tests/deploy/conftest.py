@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import require
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -47,9 +49,8 @@ def kubectl_problem() -> str | None:
 
 
 def kustomize(path: Path) -> list[dict[str, Any]]:
-    """The objects `kubectl kustomize path` renders; skips when kubectl cannot."""
-    if (problem := kubectl_problem()) is not None:
-        pytest.skip(problem)
+    """The objects `kubectl kustomize path` renders; fails when kubectl cannot."""
+    require(kubectl_problem())
     proc = subprocess.run(
         ["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
     )

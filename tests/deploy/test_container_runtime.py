@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.deploy.conftest import ROOT, simulated_vllm
 from tests.sidecar.conftest import unused_port
 
@@ -198,8 +199,7 @@ def _run_sidecar(venv: Path, base: Path, vllm_url: str) -> Run:
 
 @pytest.fixture(scope="module", name="run")
 def _run() -> Iterator[Run]:
-    if (reason := _skip_reason()) is not None:
-        pytest.skip(reason)
+    require(_skip_reason())
     python = _interpreter()
     assert python is not None
     base = Path(tempfile.mkdtemp(prefix="kv-headroom-runtime-"))

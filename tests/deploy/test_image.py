@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.deploy.conftest import (
     DEPLOY,
     kustomize,
@@ -206,8 +207,7 @@ def _build(ctx: Path, tag: str) -> tuple[str, float]:
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[Built]:
-    if (reason := _skip_reason()) is not None:
-        pytest.skip(reason)
+    require(_skip_reason())
     workdir = Path(tempfile.mkdtemp(prefix="kv-headroom-image-"))
     sidecar = rendered_sidecar()
     # The repository the manifests reference, under localhost/ and a tag of this run (the

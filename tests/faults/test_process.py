@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing
 from tests.faults.conftest import ThreadedVllm
 from tests.processes import ROOT
 from tests.sidecar.conftest import unused_port
@@ -218,7 +219,7 @@ def _unprivileged_python() -> list[str] | None:
 def test_unreadable_config_file_exits_2_naming_it() -> None:
     python = _unprivileged_python()
     if python is None:
-        pytest.skip("no setpriv or no Python an unprivileged user can run on this machine")
+        missing("no setpriv or no Python an unprivileged user can run")
     # pytest's tmp_path sits under a root-only directory: nobody must reach the file itself
     base = Path(tempfile.mkdtemp(prefix="kv-unreadable-"))
     try:

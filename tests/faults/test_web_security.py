@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from exporter.config import Config
 from exporter.server import create_app
 from exporter.webconfig import parse_web_config, ssl_context
+from tests.conftest import require
 from tests.faults.conftest import ThreadedVllm
 from tests.faults.test_process import check_config, events, listening, start, wait_until
 from tests.sidecar.conftest import TINYLLAMA, fixture_page, unused_port
@@ -33,11 +34,10 @@ PASSWORD = "correct horse battery staple"
 VLLM_SECRET = "vllm-scrape-secret"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
 
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl CLI")
-
 
 def make_certificate(folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1, valid for a day."""
+    require(None if shutil.which("openssl") else "no openssl CLI")
     cert, key = folder / "server.crt", folder / "server.key"
     subprocess.run(
         [
@@ -75,8 +75,6 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 @pytest.fixture(name="served", scope="module")
 def _served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl CLI")
     folder = tmp_path_factory.mktemp("tls")
     make_certificate(folder)
     web = folder / "web.yml"
@@ -153,7 +151,6 @@ def test_too_many_headers_are_refused(served: Served) -> None:
     assert resp.status in (400, 431)
 
 
-@needs_openssl
 def test_no_secret_reaches_the_logs_or_the_status_page(tmp_path: Path) -> None:
     make_certificate(tmp_path)
     web = tmp_path / "web.yml"
@@ -296,7 +293,6 @@ def handshake(server: ssl.SSLContext, trusted: Path) -> dict[str, object]:
     return dict(peer)
 
 
-@needs_openssl
 @pytest.mark.parametrize("inline", [False, True], ids=["files", "inline_pem"])
 def test_tls_loads_without_a_writable_temporary_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline: bool

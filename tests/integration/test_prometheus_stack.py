@@ -19,15 +19,17 @@ from pathlib import Path
 import pytest
 
 from dashboards.generate import panel_queries, runnable
+from tests.conftest import require
 from tests.processes import ROOT, Prometheus, free_port
 
 IMMINENT = "VllmKvCachePreemptionImminent"
 PREEMPTING = "VllmKvCachePreempting"
 BOUND_S = 300.0  # the demo preempts at ~90 s; Prometheus then needs its rule evaluations
 
-pytestmark = pytest.mark.skipif(
-    not Prometheus.available(), reason="needs Debian's prometheus package (.ci/run installs it)"
-)
+
+@pytest.fixture(autouse=True)
+def _prometheus_installed() -> None:
+    require(None if Prometheus.available() else "needs Debian's prometheus package")
 
 
 @dataclass

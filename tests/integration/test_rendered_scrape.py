@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from dashboards.generate import panel_queries, runnable
+from tests.conftest import require
 from tests.deploy.conftest import kubectl_problem, kustomize, overlay, sidecar_of, vllm_deployment
 from tests.deploy.recipes import readme_recipe, set_parameters
 from tests.integration.kubernetes_scrape import (
@@ -46,12 +47,11 @@ NVML_ONLY = ("kv_headroom_gpu_memory_", "kv_headroom_gpu_info", 'source="nvml"')
 POD = "my-vllm-7d9f8b6c5-x2k4q"
 WITHIN_S = 120.0  # every record and panel has data after a few 1 s scrapes; bound on CI
 
-pytestmark = [
-    pytest.mark.skipif(
-        not Prometheus.available(), reason="needs Debian's prometheus package (.ci/run installs it)"
-    ),
-    pytest.mark.skipif(kubectl_problem() is not None, reason=str(kubectl_problem())),
-]
+
+@pytest.fixture(autouse=True)
+def _prometheus_and_kubectl() -> None:
+    require(None if Prometheus.available() else "needs Debian's prometheus package")
+    require(kubectl_problem())
 
 
 @dataclass
