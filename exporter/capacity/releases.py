@@ -187,6 +187,22 @@ class Release:
         return gpu_family == "hopper" and self.version < (0, 14, 0)
 
     @property
+    def medusa_speculators(self) -> bool:
+        """``--speculative-config`` takes "medusa" and "mlp_speculator" (0.32 and before).
+
+        0.33 dropped both from ``SpeculativeMethod`` (vllm/config/speculative.py) and deleted
+        ``MedusaProposer`` (vllm/v1/worker/gpu_model_runner.py), so they no longer start.
+        """
+        return self.version < (0, 33, 0)
+
+    @property
+    def draft_lm_head_quantization(self) -> bool:
+        """``draft_lm_head_quantization`` in ``--speculative-config`` (new in 0.33): an EAGLE
+        or MTP drafter gets a quantized copy of the target's LM head
+        (vllm/v1/worker/gpu/spec_decode/eagle/utils.py::load_eagle_model)."""
+        return self.version >= (0, 33, 0)
+
+    @property
     def sampler_warmup_pass(self) -> bool:
         # 0.33's V2 runner runs a second, full-feature sampler pass in the profile run.
         return self.version >= (0, 33, 0)

@@ -512,3 +512,56 @@ def test_an_eagle3_head_is_estimated_with_its_own_lm_head_over_the_draft_vocabul
     without = speculative_from(doc, target=llama().arch, draft=head)
     own = speculative_from(doc, target=llama().arch, draft=head, draft_vocab=1024)
     assert own.weights_bytes - without.weights_bytes == 1024 * 256 * 2  # vocab × hidden × bf16
+
+
+def test_vllm_033_refuses_the_medusa_drafters_it_removed() -> None:
+    # 0.33's SpeculativeMethod has no "medusa" or "mlp_speculator" (vllm/config/speculative.py)
+    # and its model runner no MedusaProposer; 0.32 runs them (no drafter KV, no lookahead).
+    for method in ("medusa", "mlp_speculator"):
+        spec = Speculative(method, 2)
+        assert plan(llama(speculative=spec)).cap == plan(llama()).cap
+        with pytest.raises(InputError, match=r"removed in vLLM 0\.33"):
+            plan(llama(speculative=spec, release=release("0.33.0")))
+
+
+def test_vllm_033_draft_lm_head_quantization_adds_a_quantized_copy_of_the_lm_head() -> None:
+    # quantized_lm_head_copy (0.33, online/lm_head.py): this rank's rows of the target's LM
+    # head (vocabulary padded to 64), fp8 with an fp32 scale per row, or nvfp4 with an E4M3
+    # scale per 16 weights and one fp32 global scale; the target keeps its own bf16 head.
+    v033 = release("0.33.0")
+    doc = parse_speculative_config(
+        '{"method": "eagle", "model": "m", "num_speculative_tokens": 3,'
+        ' "draft_lm_head_quantization": "fp8"}',
+        "x",
+    )
+    spec = speculative_from(doc, target=llama().arch)
+    assert spec.lm_head_quantization == "fp8"
+    shared = replace(spec, lm_head_quantization=None)
+    base = plan(llama(speculative=shared, release=v033))
+    fp8 = plan(llama(speculative=spec, release=v033))
+    rows = 128_256  # Llama 3.1's vocabulary, already a multiple of 64
+    assert fp8.tightest.weights - base.tightest.weights == rows * 4096 + rows * 4
+    assert fp8.cap.num_blocks < base.cap.num_blocks
+    assert fp8.flag_memory["draft_weights"] == rows * 4096 + rows * 4
+    nvfp4 = plan(llama(speculative=replace(spec, lm_head_quantization="nvfp4"), release=v033))
+    assert nvfp4.tightest.weights - base.tightest.weights == rows * 2048 + rows * 256 + 4
+    tp2 = plan(llama(speculative=spec, release=v033, tensor_parallel_size=2))
+    base2 = plan(llama(speculative=shared, release=v033, tensor_parallel_size=2))
+    assert tp2.tightest.weights - base2.tightest.weights == rows // 2 * 4096 + rows // 2 * 4
+    # Not in 0.32; only for drafters that share the target's head, in vLLM's words.
+    with pytest.raises(InputError, match=r"new in vLLM 0\.33"):
+        plan(llama(speculative=spec))
+    with pytest.raises(InputError, match="not supported for method 'draft_model'"):
+        parse_speculative_config(
+            '{"method": "draft_model", "model": "m", "num_speculative_tokens": 3,'
+            ' "draft_lm_head_quantization": "fp8"}',
+            "x",
+        )
+    with pytest.raises(InputError, match="use one of fp8, nvfp4"):
+        parse_speculative_config('{"method": "mtp", "draft_lm_head_quantization": "int4"}', "x")
+    own_head = parse_config(
+        json.loads((FLAGS_DIR / "eagle3-llama-1l" / "config.json").read_text()), "eagle3"
+    )
+    doc3 = {**doc, "method": "eagle3"}
+    with pytest.raises(InputError, match="shares the target lm_head"):
+        speculative_from(doc3, target=llama().arch, draft=own_head, draft_vocab=1024)
