@@ -60,7 +60,7 @@ class Deployment:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     weights_bytes: int | None = None
-    # Flags that move the budget or the blocks (capacity/deploy_flags.py); the two JSON
+    # Flags that move the budget or the blocks (capacity/deploy_flags.py); the three JSON
     # flags as their JSON text.
     speculative_config: str | None = None
     enable_lora: bool | None = None
@@ -72,6 +72,7 @@ class Deployment:
     kv_offloading_size: float | None = None
     skip_mm_profiling: bool | None = None
     limit_mm_per_prompt: str | None = None
+    mm_processor_kwargs: str | None = None
     language_model_only: bool | None = None
     # Where each known value came from; part of equality (a value vLLM now states is news
     # on the status page), not of the hash (a mapping has none).

@@ -111,6 +111,9 @@ class ModelArch:
     vision_params: int = 0  # a multimodal model's vision tower, loaded with it
     vision_profile_elems: int = 0  # patches of the largest image × the tower's MLP width
     vision_item_tokens: int = 0  # the language model's tokens for that image
+    # A dynamic-resolution tower's (patch_size, spatial_merge_size, MLP width): the largest
+    # image follows the processor's max_pixels (deploy_flags.image_at_max_pixels).
+    dynamic_vision: tuple[int, int, int] | None = None
     mtp_layers: int = 0  # multi-token-prediction modules the checkpoint ships
     partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
@@ -430,6 +433,7 @@ def parse_config(
         vision_params=vision_params(config),
         vision_profile_elems=vision_profile_elems(config),
         vision_item_tokens=vision_item_tokens(config),
+        dynamic_vision=dynamic_vision(config),
         mtp_layers=mtp_layers(config),
         partial_rotary_factor=_rotary_factor(r),
         final_logit_softcapping=_softcap(r),
@@ -894,6 +898,25 @@ def vision_profile_elems(config: Mapping[str, Any]) -> int:
     else:
         patches = _DYNAMIC_RES_PATCHES
     return patches * inter
+
+
+def dynamic_vision(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """``(patch_size, spatial_merge_size, MLP width)`` of a tower that takes images of any
+    size up to the processor's ``max_pixels`` (Qwen2-VL, 2.5-VL, 3-VL: no ``image_size``),
+    the towers ``vision_profile_elems`` sizes at ``_DYNAMIC_RES_PATCHES``; None otherwise."""
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping) or not vision_profile_elems(config):
+        return None
+    image, patch = vc.get("image_size"), vc.get("patch_size") or 14
+    if isinstance(image, int) and isinstance(patch, int) and patch > 0:
+        return None
+    merge = vc.get("spatial_merge_size") or 1
+    inter = vc.get("intermediate_size") or vc.get("mlp_dim")
+    if not (isinstance(patch, int) and isinstance(merge, int) and isinstance(inter, int)):
+        return None
+    if min(patch, merge, inter) <= 0:
+        return None
+    return (patch, merge, inter)
 
 
 def mtp_layers(config: Mapping[str, Any]) -> int:

@@ -66,7 +66,9 @@ and ``_get_v2_model_runner_unsupported_features``), so its file is cited beside 
 * The multimodal encoder's profile (``skip_mm_profiling``, ``limit_mm_per_prompt``):
   ``GPUModelRunner.profile_run`` pushes a dummy batch of the modality with the most tokens
   through the encoder unless ``--skip-mm-profiling`` is set or every modality is limited
-  to 0 items (then the model runs as text only). 0.33: ``profile_run`` (V1's and
+  to 0 items (then the model runs as text only). Its largest image follows
+  ``--mm-processor-kwargs``' ``max_pixels`` where the tower takes any size
+  (``parse_mm_processor_kwargs``, ``image_at_max_pixels``). 0.33: ``profile_run`` (V1's and
   ``vllm/v1/worker/gpu/model_runner.py``'s), ``vllm/multimodal/encoder_budget.py`` and
   ``compute_mm_encoder_budget`` are unchanged; ``vllm/config/multimodal.py`` changes a
   docstring only.
@@ -75,6 +77,7 @@ and ``_get_v2_model_runner_unsupported_features``), so its file is cited beside 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -228,6 +231,9 @@ class MultimodalProfile:
     skip: bool = False  # --skip-mm-profiling
     limits: tuple[tuple[str, int], ...] = ()  # --limit-mm-per-prompt: (modality, count)
     language_model_only: bool = False  # --language-model-only: every limit 0
+    # --mm-processor-kwargs: the largest image the processor accepts, in pixels
+    # (parse_mm_processor_kwargs); None: the processor's default.
+    max_pixels: int | None = None
 
     @property
     def text_only(self) -> bool:
@@ -500,6 +506,78 @@ def encoder_profile_items(
     return max(1, min(budget // per_item, max_num_seqs * per_prompt))
 
 
+# The aspect ratio Qwen-VL's processor refuses past (qwen2_vl.py, 0.32 and 0.33:
+# get_image_size_with_most_features).
+_MAX_ASPECT = 200
+
+
+def parse_mm_processor_kwargs(text: str | Mapping[str, Any], where: str) -> int | None:
+    """The largest image, in pixels, that ``--mm-processor-kwargs`` lets the image
+    processor take: None where it sets no limit (the processor's default stands).
+
+    As vLLM 0.32 and 0.33 resolve it for the profile's dummy image
+    (vllm/model_executor/models/qwen2_vl.py::Qwen2VLProcessingInfo.
+    get_image_size_with_most_features → ``_merge_and_resolve_mm_processor_kwargs({})``:
+    ``MultiModalConfig.merge_mm_processor_kwargs`` gives the configured kwargs, and
+    vllm/multimodal/processing/context.py::_resolve_mm_processor_kwargs routes the flat
+    ``max_pixels`` and ``size`` into ``images_kwargs``, where values already scoped there
+    win; then ``_get_vision_size``: ``size`` over the processor's default, ``max_pixels``
+    over ``size["longest_edge"]``).
+    """
+    doc = _json_object(text, where, 'is not a JSON object, e.g. {"max_pixels": 1003520}')
+    scope = {k: doc[k] for k in ("max_pixels", "size") if k in doc}
+    scoped = doc.get("images_kwargs")
+    if isinstance(scoped, Mapping):
+        scope.update({k: scoped[k] for k in ("max_pixels", "size") if k in scoped})
+    size = scope.get("size")
+    for key, value in (
+        ("max_pixels", scope.get("max_pixels")),
+        ("size.longest_edge", size.get("longest_edge") if isinstance(size, Mapping) else None),
+    ):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(where, key, value, "must be a whole number of pixels")
+        return value
+    return None
+
+
+def image_at_max_pixels(arch: ModelArch, max_pixels: int) -> tuple[int, int] | None:
+    """``(tokens, profile elems)`` of the largest image a dynamic-resolution tower takes
+    under ``max_pixels``; None for a fixed-size tower (the limit does not change it).
+
+    vllm/model_executor/models/qwen2_vl.py::get_image_size_with_most_features (0.32, 0.33):
+    ``max_pixels // (patch × merge)²`` merged patches, or fewer where that count has no
+    factor pair within an aspect of 200; the image is that many ``patch × merge`` squares,
+    so ``_get_vision_info`` counts one token a square and ``merge²`` patches a token.
+    """
+    if arch.dynamic_vision is None:
+        return None
+    patch, merge, inter = arch.dynamic_vision
+    unit = patch * merge
+    tokens = max(1, max_pixels // (unit * unit))
+    while tokens > 1:
+        d = math.isqrt(tokens)
+        while tokens % d:
+            d -= 1
+        if tokens // d <= _MAX_ASPECT * d:
+            break
+        tokens -= 1
+    return tokens, tokens * merge * merge * inter
+
+
+def profiled_arch(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:
+    """``arch`` with the largest image the profile run encodes under ``--mm-processor-kwargs``
+    (``image_at_max_pixels``): the encoder budget's tokens per item and the tower's work
+    both follow it (vllm/multimodal/encoder_budget.py::get_mm_max_toks_per_item asks the
+    processing info, whose ``get_max_image_tokens`` and the dummy builder's
+    ``get_dummy_mm_data`` take the same image)."""
+    at = image_at_max_pixels(arch, mm.max_pixels) if mm.max_pixels else None
+    if at is None:
+        return arch
+    return replace(arch, vision_item_tokens=at[0], vision_profile_elems=at[1])
+
+
 def speculative_from(
     doc: Mapping[str, Any],
     *,
@@ -601,10 +679,11 @@ def deployment_flags(
     load_draft: Callable[[str], ModelArch | None] | None = None,
 ) -> dict[str, Any]:
     """PlanRequest fields from the flags vLLM was started with (the sidecar's resolved
-    deployment: ``speculative_config`` and ``limit_mm_per_prompt`` as JSON text, the rest
-    typed). A flag that does not parse is left out, as vLLM would have refused to start
-    with it; ``load_draft`` reads a drafter's config from its ``model`` (None: unknown, so
-    an EAGLE or draft-model drafter's layers and weights are not counted)."""
+    deployment: ``speculative_config``, ``limit_mm_per_prompt`` and ``mm_processor_kwargs``
+    as JSON text, the rest typed). A flag that does not parse is left out, as vLLM would
+    have refused to start with it; ``load_draft`` reads a drafter's config from its
+    ``model`` (None: unknown, so an EAGLE or draft-model drafter's layers and weights are
+    not counted)."""
     out: dict[str, Any] = {}
     text = values.get("speculative_config")
     if isinstance(text, str | Mapping):
@@ -642,9 +721,19 @@ def deployment_flags(
         )
     except InputError:
         limits = ()
+    kwargs_text = values.get("mm_processor_kwargs")
+    try:
+        max_pixels = (
+            parse_mm_processor_kwargs(kwargs_text, "mm_processor_kwargs")
+            if isinstance(kwargs_text, str | Mapping)
+            else None
+        )
+    except InputError:
+        max_pixels = None
     out["mm_profile"] = MultimodalProfile(
         skip=values.get("skip_mm_profiling") is True,
         limits=limits,
         language_model_only=values.get("language_model_only") is True,
+        max_pixels=max_pixels,
     )
     return out

@@ -22,6 +22,7 @@ from exporter.capacity.deploy_flags import (
     lm_head_copy_bytes,
     lora_buffer_bytes,
     offloaded_bytes,
+    profiled_arch,
 )
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GIB, Gpu, neighbours
@@ -713,8 +714,19 @@ def _encoder_profile_elems(
             else "none (--language-model-only or --limit-mm-per-prompt 0)"
         )
         return 0
+    image = "the largest image"
+    if mm.max_pixels:
+        # --mm-processor-kwargs lowers (or raises) the largest image the processor takes.
+        sized = profiled_arch(arch, mm)
+        image = (
+            f"the largest image under max_pixels {mm.max_pixels:,} "
+            f"({sized.vision_item_tokens:,} tokens)"
+            if sized is not arch
+            else f"{image} (max_pixels {mm.max_pixels:,} does not resize a fixed-size tower)"
+        )
+        arch = sized
     items = encoder_profile_items(arch, mnbt, max_seqs, mm, req.max_model_len or arch.max_model_len)
-    sources["encoder_profile"] = f"{items} dummy item(s) of the largest image"
+    sources["encoder_profile"] = f"{items} dummy item(s) of {image}"
     return arch.vision_profile_elems * items
 
 

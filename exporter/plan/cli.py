@@ -19,6 +19,7 @@ from exporter.capacity.deploy_flags import (
     Lora,
     MultimodalProfile,
     parse_mm_limits,
+    parse_mm_processor_kwargs,
     parse_speculative_config,
     speculative_from,
 )
@@ -324,6 +325,12 @@ def _add_deploy_flags(p: Any) -> None:
         help="items per prompt by modality, e.g. '{\"image\": 0}' (0 for all: text only)",
     )
     p.add_argument(
+        "--mm-processor-kwargs",
+        metavar="JSON",
+        help="the image processor's options; a max_pixels (or size.longest_edge) limit, "
+        "e.g. '{\"max_pixels\": 1003520}', sizes the encoder profile's largest image",
+    )
+    p.add_argument(
         "--language-model-only",
         action="store_true",
         help="serve a multimodal model as text only (no encoder profile)",
@@ -385,6 +392,9 @@ def deploy_flags(args: argparse.Namespace, arch: ModelArch) -> dict[str, Any]:
         skip=args.skip_mm_profiling,
         limits=parse_mm_limits(args.limit_mm_per_prompt or "", "--limit-mm-per-prompt"),
         language_model_only=args.language_model_only,
+        max_pixels=parse_mm_processor_kwargs(args.mm_processor_kwargs, "--mm-processor-kwargs")
+        if args.mm_processor_kwargs
+        else None,
     )
     return out
 

@@ -144,6 +144,7 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "kv-offloading-size": ("kv_offloading_size", _float),
     "skip-mm-profiling": ("skip_mm_profiling", _BOOL),
     "limit-mm-per-prompt": ("limit_mm_per_prompt", _json_object),
+    "mm-processor-kwargs": ("mm_processor_kwargs", _json_object),
     "language-model-only": ("language_model_only", _BOOL),
     "max-num-partial-prefills": ("max_num_partial_prefills", _int),
     "disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", _BOOL),
@@ -151,7 +152,7 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "port": ("port", _int),
     "host": ("host", str),
 }
-_JSON_FLAGS = frozenset(("speculative-config", "limit-mm-per-prompt"))
+_JSON_FLAGS = frozenset(("speculative-config", "limit-mm-per-prompt", "mm-processor-kwargs"))
 _SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size"}
 _SHORT |= {"-dp": "data-parallel-size", "-q": "quantization"}
 # Unknown flags are assumed to take a value, so `--seed 0 MODEL` does not make "0" the model;

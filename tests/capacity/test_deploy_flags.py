@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,9 +24,12 @@ from exporter.capacity.deploy_flags import (
     Speculative,
     deployment_flags,
     encoder_profile_items,
+    image_at_max_pixels,
     lora_buffer_bytes,
     parse_mm_limits,
+    parse_mm_processor_kwargs,
     parse_speculative_config,
+    profiled_arch,
     speculative_from,
 )
 from exporter.capacity.gpus import lookup_gpu
@@ -565,3 +569,106 @@ def test_vllm_033_draft_lm_head_quantization_adds_a_quantized_copy_of_the_lm_hea
     doc3 = {**doc, "method": "eagle3"}
     with pytest.raises(InputError, match="shares the target lm_head"):
         speculative_from(doc3, target=llama().arch, draft=own_head, draft_vocab=1024)
+
+
+def qwen25_vl(**changes: object) -> PlanRequest:
+    arch = parse_config(fixture_config("Qwen__Qwen2.5-VL-7B-Instruct"), "qwen2.5-vl")
+    base = PlanRequest(
+        arch=arch,
+        model_name="Qwen2.5-VL-7B-Instruct",
+        gpu=lookup_gpu("H100-80GB"),
+        release=release("0.32.0"),
+        max_model_len=32_768,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_mm_processor_kwargs_are_resolved_as_vllm_resolves_the_profiles_image_size() -> None:
+    # Qwen2VLProcessingInfo.get_image_size_with_most_features (0.32, 0.33): the configured
+    # kwargs routed into images_kwargs (a value scoped there wins over the flat one), then
+    # max_pixels over size.longest_edge.
+    assert parse_mm_processor_kwargs('{"max_pixels": 1003520}', "x") == 1003520
+    assert parse_mm_processor_kwargs('{"size": {"longest_edge": 802816}}', "x") == 802816
+    both = '{"max_pixels": 1003520, "size": {"longest_edge": 802816, "shortest_edge": 3136}}'
+    assert parse_mm_processor_kwargs(both, "x") == 1003520
+    scoped = '{"max_pixels": 1003520, "images_kwargs": {"max_pixels": 401408}}'
+    assert parse_mm_processor_kwargs(scoped, "x") == 401408
+    assert parse_mm_processor_kwargs({"fps": 2, "min_pixels": 3136}, "x") is None
+    with pytest.raises(InputError, match="whole number of pixels"):
+        parse_mm_processor_kwargs('{"max_pixels": "many"}', "x")
+    with pytest.raises(InputError, match="not a JSON object"):
+        parse_mm_processor_kwargs("[1]", "x")
+
+
+def test_a_max_pixels_limit_sizes_the_encoder_profiles_largest_image() -> None:
+    # Qwen2.5-VL-7B's real config: 14-pixel patches merged 2 × 2, a 3,420-wide MLP and no
+    # image_size, so the processor's max_pixels (default 12,845,056) sets the largest image:
+    # 12,845,056 // 28² = 16,384 tokens of 4 patches. With max_pixels 1,003,520 (1,280 × 28²)
+    # the profile's image is 1,280 tokens, 32 × 40 squares of 28 pixels.
+    req = qwen25_vl()
+    arch = req.arch
+    assert arch.dynamic_vision == (14, 2, 3420)
+    assert image_at_max_pixels(arch, 12_845_056) == (16_384, 65_536 * 3420)
+    assert (arch.vision_item_tokens, arch.vision_profile_elems) == (16_384, 65_536 * 3420)
+    assert image_at_max_pixels(arch, 1_003_520) == (1280, 5120 * 3420)
+    # A prime count of squares has no factor pair within an aspect of 200: one fewer.
+    assert image_at_max_pixels(arch, 211 * 784) == (210, 840 * 3420)
+    limited_mm = MultimodalProfile(max_pixels=1_003_520)
+    sized = profiled_arch(arch, limited_mm)
+    # The encoder budget (8,192 batched tokens) now holds 6 such images, not one larger one.
+    assert encoder_profile_items(arch, 8192, 1024, DEFAULT_MM_PROFILE, 32_768) == 1
+    assert encoder_profile_items(sized, 8192, 1024, limited_mm, 32_768) == 6
+    # 64 sequences, so that the sampler's warm-up is not the larger peak.
+    req = replace(req, max_num_seqs=64)
+    full, limited = plan(req), plan(replace(req, mm_profile=limited_mm))
+    assert "1 dummy item(s) of the largest image" in full.sources["encoder_profile"]
+    assert limited.sources["encoder_profile"] == (
+        "6 dummy item(s) of the largest image under max_pixels 1,003,520 (1,280 tokens)"
+    )
+    # 6 × 5,120 patches against 65,536: a smaller encoder peak, more blocks.
+    assert limited.tightest.activation < full.tightest.activation
+    assert limited.cap.num_blocks > full.cap.num_blocks
+    # A fixed-size tower (Gemma 3's SigLIP, 896²) is not resized by it.
+    gemma = parse_config(fixture_config("google__gemma-3-27b-it"), "gemma3")
+    assert profiled_arch(gemma, limited_mm) is gemma
+
+
+def _text(text: str) -> Callable[[str], str]:
+    return lambda _: text
+
+
+def test_mm_processor_kwargs_reach_plan_and_the_sidecar_from_vllms_flags() -> None:
+    from exporter.deployment import plan_request, resolve
+    from exporter.sources.cmdline import parse_flags
+
+    model = FIXTURES / "models" / "Qwen__Qwen2.5-VL-7B-Instruct" / "config.json"
+    args = build_parser().parse_args(
+        ["plan", "--model", str(model), "--mm-processor-kwargs", '{"max_pixels": 1003520}']
+    )
+    assert build_request(args).mm_profile.max_pixels == 1_003_520
+    for argv, config in (
+        (["--mm-processor-kwargs", '{"max_pixels": 1003520}'], ""),
+        (["--mm-processor-kwargs.max_pixels", "1003520"], ""),
+        (["--config", "/etc/vllm.yaml"], "mm-processor-kwargs:\n  max_pixels: 1003520\n"),
+    ):
+        flags = parse_flags(["vllm", "serve", "/models/qwen", *argv], read_text=_text(config))
+        assert flags.problems == ()
+        deployment = resolve(
+            cache_config=None,
+            max_model_len=32_768,
+            version="0.32.0",
+            cmdline=dict(flags.values),
+            config=None,
+        )
+        request = plan_request(
+            deployment,
+            arch=qwen25_vl().arch,
+            model_name="qwen",
+            gpu=lookup_gpu("H100-80GB"),
+            weights_bytes=None,
+            weights_source="estimate",
+        )
+        assert request.mm_profile.max_pixels == 1_003_520, argv
+    # One vLLM would refuse is left out, not guessed at.
+    bad = deployment_flags({"mm_processor_kwargs": '{"max_pixels": -1}'}, qwen25_vl().arch)
+    assert bad["mm_profile"].max_pixels is None
