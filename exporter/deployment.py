@@ -60,6 +60,9 @@ class Deployment:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     weights_bytes: int | None = None
+    # "installed" or "absent": FlashInfer in vLLM's environment, which no vLLM page or flag
+    # says; before 0.11.1 it moves the profile run's sampler peak (memory.sampler_path).
+    flashinfer: str | None = None
     # Flags that move the budget or the blocks (capacity/deploy_flags.py); the three JSON
     # flags as their JSON text.
     speculative_config: str | None = None
@@ -241,6 +244,9 @@ def plan_request(
         quantization=deployment.quantization,
         weights_bytes=deployment.weights_bytes or weights_bytes,
         weights_source=weights_source,
+        flashinfer_installed=None
+        if deployment.flashinfer is None
+        else deployment.flashinfer == "installed",
         **deployment_flags(
             dict(deployment.items()), arch, read_local_draft if load_draft is None else load_draft
         ),

@@ -79,3 +79,51 @@ def test_the_command_lines_typed_flags_that_size_the_cache_are_all_deployment_fi
 def test_items_list_the_known_flags_and_leave_out_the_origin() -> None:
     d = Deployment(model="m", max_num_seqs=4, origin={"model": FROM_CONFIG})
     assert d.items() == (("model", "m"), ("max_num_seqs", 4))
+
+
+def test_deployment_flashinfer_moves_the_expected_plan_as_plan_flashinfer_does() -> None:
+    # Before 0.11.1 vLLM's profile-run sampler sorts the logits unless FlashInfer is
+    # installed (memory.sampler_path); no vLLM page or flag says which, so the sidecar is
+    # told with deployment.flashinfer, as plan is with --flashinfer.
+    from exporter.capacity.plan import plan
+    from exporter.cli import build_parser
+    from exporter.config import load_config
+    from exporter.deployment import plan_request
+    from exporter.plan.cli import build_request
+
+    def blocks(version: str, flashinfer: str | None) -> tuple[int, int]:
+        argv = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"]
+        argv += ["--vllm-version", version]
+        cli = build_request(
+            build_parser().parse_args(argv + (["--flashinfer", flashinfer] if flashinfer else []))
+        )
+        env = {"KV_HEADROOM_DEPLOYMENT_VLLM_VERSION": version}
+        if flashinfer:
+            env["KV_HEADROOM_DEPLOYMENT_FLASHINFER"] = flashinfer
+        config = load_config({}, env)
+        assert config.deployment.flashinfer == flashinfer
+        deployment = resolve(
+            cache_config=None,
+            max_model_len=None,
+            version=None,
+            cmdline=None,
+            config=config.deployment,
+        )
+        assert deployment.origin.get("flashinfer") == (FROM_CONFIG if flashinfer else None)
+        expected = plan_request(
+            deployment,
+            arch=cli.arch,
+            model_name=cli.model_name,
+            gpu=cli.gpu,
+            weights_bytes=cli.weights_bytes,
+            weights_source=cli.weights_source,
+        )
+        assert expected.flashinfer_installed == cli.flashinfer_installed
+        return plan(expected).cap.num_blocks, plan(cli).cap.num_blocks
+
+    pip, image, absent = (blocks("0.10.2", f) for f in (None, "installed", "absent"))
+    assert pip[0] == pip[1]  # the sidecar's expected plan is plan's, block for block
+    assert image[0] == image[1]
+    assert absent == pip
+    assert image[0] > pip[0]  # the image's sort-free sampler: a smaller peak, more blocks
+    assert blocks("0.32.0", "installed") == blocks("0.32.0", None)  # ignored from 0.17
