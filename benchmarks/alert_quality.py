@@ -400,15 +400,20 @@ def targets(result: dict[str, Any]) -> list[tuple[str, bool | None]]:
 
 
 def _run(args: tuple[Scenario, float]) -> Replay:
-    configure("error", "json", sys.stderr)
     return replay(*args)
+
+
+def quiet_worker() -> None:
+    """A worker process logs errors only, as ``main`` does: configured where the process
+    starts, not per run, so a test that runs the benchmark in-process keeps its logging."""
+    configure("error", "json", sys.stderr)
 
 
 def run_all(scenarios: Sequence[Scenario], interval: float, jobs: int) -> list[Replay]:
     work = [(s, interval) for s in scenarios]
     if jobs <= 1 or len(work) <= 1:
         return [_run(w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=quiet_worker) as pool:
         return list(pool.map(_run, work))
 
 

@@ -193,9 +193,14 @@ def rescored(rec: Recorded) -> Replay:
     return dataclasses.replace(rec.replay, ticks=ticks)
 
 
+def _quiet_worker() -> None:
+    """A worker process logs errors only (configured once where it starts, not per run, so
+    a test that runs hours in-process keeps its own logging)."""
+    configure("error", "json", sys.stderr)
+
+
 def run_one(args: tuple[int, float, bool]) -> FuzzRun:
     seed, interval, use_cache = args
-    configure("error", "json", sys.stderr)
     started = time.perf_counter()
     d, record = _placement(seed, use_cache)
     rep = rec = None
@@ -227,7 +232,7 @@ def run_fuzz(seeds: Sequence[int], interval: float, jobs: int, use_cache: bool) 
     work = [(s, interval, use_cache) for s in seeds]
     if jobs <= 1 or len(work) <= 1:
         return [run_one(w) for w in work]
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, initializer=_quiet_worker) as pool:
         return list(pool.map(run_one, work))
 
 

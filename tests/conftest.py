@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import structlog
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -44,3 +46,12 @@ def _no_hugging_face_hub(
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
     for name in ("HF_HUB_CACHE", "HF_ASSETS_CACHE", "HF_ENDPOINT", "HF_TOKEN"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Each test leaves structlog as it found it: a benchmark's ``main`` run in-process
+    quiets the logs to errors, and every later test that reads a log event saw none."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
