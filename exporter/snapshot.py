@@ -305,6 +305,7 @@ def engine_risk(
     mix_start: Observation | None,
     points: Sequence[Point],
     excursion: float | None,
+    max_model_len: int | None = None,
 ) -> EngineRisk | None:
     """The risk model's front: its ``Inputs`` from the engine's capacity, its recent points
     and traffic mix, and its judged past (``excursion``, risk/calibration.py); None with no
@@ -323,6 +324,7 @@ def engine_risk(
         tokens,
         capacity.max_num_seqs,
         typical.sum / typical.count if typical is not None and typical.count else None,
+        max_model_len,
     )
     inputs = Inputs(
         points=points,
@@ -383,6 +385,7 @@ def engine_view(
             mix_start=mix_start,
             points=points,
             excursion=excursion,
+            max_model_len=max_model_len,
         )
     headroom = front.headroom if front is not None else None
     return EngineView(

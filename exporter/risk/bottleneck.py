@@ -8,7 +8,8 @@ different cure — so each is told from what ``/metrics`` shows, strongest evide
 
 * ``stalled`` — requests wait, yet for ``STALL_SECONDS`` no prompt was prefilled and the
   cache did not grow, while either nothing was generated or a request would fit (the
-  batch below ``max_num_seqs``, a prompt's worth of tokens free): the scheduler stopped
+  batch below ``max_num_seqs``, room for the longest prompt ``max_model_len`` allows, or a
+  typical one where that is unknown): the scheduler stopped
   admitting (the hang vLLM users report while ``/health`` answers 200). Cure: restart.
 * ``kv_cache`` — vLLM preempted in the last ``WINDOW_SECONDS``: the cache is full. Cure:
   more KV (fp8 KV, memory, TP).
@@ -67,8 +68,13 @@ class Bottleneck:
 NONE = Bottleneck("none", "no request is waiting")
 
 
-def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int | None) -> bool:
-    """A queue all through the last STALL_SECONDS and no progress in them."""
+def _stalled(pts: Sequence[Point], free: float, longest: float, max_num_seqs: int | None) -> bool:
+    """A queue all through the last STALL_SECONDS and no progress in them. While the batch
+    still generates, only a queue whose head would surely fit (``free`` ≥ ``longest``, the
+    longest prompt it can have) is stalled: vLLM admits the head only when its whole
+    prompt fits (``scheduler_reserve_full_isl``, on by default in 0.32:
+    ``KVCacheManager.allocate_slots(full_sequence_must_fit=...)``), and one longer than
+    the free blocks waits for them while the batch decodes: a full cache, not a stall."""
     last = pts[-1]
     window = [p for p in pts if p.t >= last.t - STALL_SECONDS]
     first = window[0]
@@ -79,7 +85,7 @@ def _stalled(pts: Sequence[Point], free: float, prompt: float, max_num_seqs: int
     if max(p.usage for p in window) > first.usage + 1e-9:
         return False  # blocks were taken: a long prompt is being prefilled in chunks
     generating = last.generated > first.generated
-    room = (max_num_seqs is None or last.running < max_num_seqs) and free >= prompt
+    room = (max_num_seqs is None or last.running < max_num_seqs) and free >= longest
     return not generating or room
 
 
@@ -152,11 +158,14 @@ def classify(
     capacity_tokens: float,
     max_num_seqs: int | None,
     prompt_tokens: float | None,
+    max_model_len: int | None = None,
 ) -> Bottleneck:
     """What keeps the queue waiting now (``points`` oldest first, one epoch).
 
     ``prompt_tokens`` is a typical prompt (the recent mean); without one, what a running
-    sequence holds stands in for it.
+    sequence holds stands in for it. ``max_model_len`` bounds the head's prompt: with it
+    known, a queue is called stalled while the batch generates only if even the longest
+    prompt would fit; without it, a typical one.
     """
     if not points:
         return NONE
@@ -167,7 +176,7 @@ def classify(
     used = last.usage * capacity_tokens
     free = max(0.0, capacity_tokens - used)
     prompt = prompt_tokens or (used / last.running if last.running >= 1 else 0.0)
-    if _stalled(points, free, prompt, max_num_seqs):
+    if _stalled(points, free, max_model_len or prompt, max_num_seqs):
         return Bottleneck(
             "stalled",
             f"{waiting}, and for {STALL_SECONDS:.0f} s no prompt was admitted and the cache did "

@@ -145,6 +145,18 @@ def test_admission_stopped_while_running_requests_still_generate_is_stalled() ->
     assert classify(stuck, CAPACITY, 256, 1500).resource == "stalled"
 
 
+def test_a_head_longer_than_the_free_cache_waits_for_blocks_not_a_stall() -> None:
+    # 20k tokens free, prompts up to 32k: vLLM admits the head only when its whole prompt
+    # fits, so a long head waits while the batch decodes (seeds 64, 96, 199 of the fuzz tier).
+    waiting = polls(60, usage=0.8, running=4, waiting=12, prompt_rate=0)
+    assert classify(waiting, CAPACITY, 256, 1500, max_model_len=32_768).resource == "kv_cache"
+
+
+def test_admission_stopped_with_room_for_the_longest_prompt_is_stalled() -> None:
+    stuck = polls(60, usage=0.3, running=4, waiting=12, prompt_rate=0)
+    assert classify(stuck, CAPACITY, 256, 1500, max_model_len=32_768).resource == "stalled"
+
+
 def test_a_stall_needs_the_whole_window_of_evidence() -> None:
     short = polls(STALL_SECONDS - 10, usage=0.05, running=0, waiting=12, prompt_rate=0,
                   generation_rate=0)  # fmt: skip
