@@ -608,6 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the first family seed (--fuzz)")
     parser.add_argument("--no-cache", action="store_true", help="--fuzz: recompute every placement")
     args = parser.parse_args(argv)
+    configure("error", "json", sys.stderr)  # the report owns stdout
     if args.fuzz:
         from benchmarks.fuzz import main_fuzz
 
@@ -616,7 +617,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     args.seeds = args.seeds or (1 if args.fast else 3)
     interval = args.interval or (5.0 if args.fast else 2.0)
-    configure("error", "json", sys.stderr)
     started = time.monotonic()
     scenarios = choose(args)
     replays = run_all(scenarios, interval, args.jobs)
