@@ -10,13 +10,13 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from exporter.capacity.arch import parse_config
+from exporter.capacity.arch import ModelArch, parse_config
 from exporter.capacity.deploy_flags import (
     DEFAULT_MM_PROFILE,
     Lora,
@@ -36,6 +36,7 @@ from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
 from exporter.capacity.releases import release
 from exporter.cli import build_parser
+from exporter.deployment import plan_request, resolve
 from exporter.errors import InputError
 from exporter.plan.cli import build_request
 from tests.conftest import FIXTURES, fixture_config
@@ -322,8 +323,23 @@ def test_the_sidecar_reads_the_same_flags_from_vllms_command_line() -> None:
     assert "speculative" not in deployment_flags({"speculative_config": "{"}, llama().arch)
 
 
+def sidecar_request(flags: Mapping[str, object], arch: ModelArch, context: int) -> PlanRequest:
+    """The plan the sidecar expects on an H100 from vLLM's parsed command line, as the
+    poller resolves it (``/v1/models`` giving ``context`` and 0.32.0)."""
+    deployment = resolve(
+        cache_config=None, max_model_len=context, version="0.32.0", cmdline=flags, config=None
+    )
+    return plan_request(
+        deployment,
+        arch=arch,
+        model_name="m",
+        gpu=lookup_gpu("H100-80GB"),
+        weights_bytes=None,
+        weights_source="estimate",
+    )
+
+
 def test_vllms_command_line_and_config_file_carry_the_flags_to_the_expected_plan() -> None:
-    from exporter.deployment import plan_request, resolve
     from exporter.sources.cmdline import parse_flags
 
     config = "speculative-config:\n  method: eagle\n  model: %s\n  num_speculative_tokens: 2\n"
@@ -350,21 +366,7 @@ def test_vllms_command_line_and_config_file_carry_the_flags_to_the_expected_plan
     assert flags.problems == ()
     assert flags.values["enable_lora"] is True
     assert json.loads(str(flags.values["speculative_config"]))["method"] == "eagle"
-    deployment = resolve(
-        cache_config=None,
-        max_model_len=8192,
-        version="0.32.0",
-        cmdline=dict(flags.values),
-        config=None,
-    )
-    request = plan_request(
-        deployment,
-        arch=llama().arch,
-        model_name="llama",
-        gpu=lookup_gpu("H100-80GB"),
-        weights_bytes=None,
-        weights_source="estimate",
-    )
+    request = sidecar_request(flags.values, llama().arch, 8192)
     assert request.lora == Lora(max_loras=4, max_lora_rank=64)
     assert request.cpu_offload_gb == 2.0
     assert request.mm_profile.text_only
@@ -638,7 +640,6 @@ def _text(text: str) -> Callable[[str], str]:
 
 
 def test_mm_processor_kwargs_reach_plan_and_the_sidecar_from_vllms_flags() -> None:
-    from exporter.deployment import plan_request, resolve
     from exporter.sources.cmdline import parse_flags
 
     model = FIXTURES / "models" / "Qwen__Qwen2.5-VL-7B-Instruct" / "config.json"
@@ -653,21 +654,7 @@ def test_mm_processor_kwargs_reach_plan_and_the_sidecar_from_vllms_flags() -> No
     ):
         flags = parse_flags(["vllm", "serve", "/models/qwen", *argv], read_text=_text(config))
         assert flags.problems == ()
-        deployment = resolve(
-            cache_config=None,
-            max_model_len=32_768,
-            version="0.32.0",
-            cmdline=dict(flags.values),
-            config=None,
-        )
-        request = plan_request(
-            deployment,
-            arch=qwen25_vl().arch,
-            model_name="qwen",
-            gpu=lookup_gpu("H100-80GB"),
-            weights_bytes=None,
-            weights_source="estimate",
-        )
+        request = sidecar_request(flags.values, qwen25_vl().arch, 32_768)
         assert request.mm_profile.max_pixels == 1_003_520, argv
     # One vLLM would refuse is left out, not guessed at.
     bad = deployment_flags({"mm_processor_kwargs": '{"max_pixels": -1}'}, qwen25_vl().arch)
