@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks import fuzz
+from benchmarks import fuzz, fuzz_frontier
+from exporter.risk.model import ALERT_THRESHOLD
 from exporter.simulator import family
 
 SLICE = (3, 11)
@@ -76,3 +77,37 @@ def test_a_second_run_reads_its_hours_from_the_cache_and_scores_them_alike(
         return json.dumps([result["kinds"], result["reliability"], per_run], default=fuzz._json)
 
     assert scored(again) == scored(runs)
+
+
+def test_the_frontier_scores_the_shipped_alert_as_the_tier_does(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    # benchmarks/fuzz_frontier.py sweeps rules over the same hours; its row for the shipped
+    # rule must be the tier's own figures, or its other rows compare unlike with unlike.
+    point = fuzz_frontier.frontier_point(
+        runs, "risk", lambda ticks, i: ticks[i].preemption_risk > ALERT_THRESHOLD
+    )
+    kinds = fuzz.score(runs)["kinds"]
+    for kind in fuzz_frontier.SAFE:
+        fa = point.false_alarm[kind]
+        assert (None if fa is None else round(fa, 2)) == kinds[kind][
+            "false_alarm_minutes_per_safe_hour"
+        ]
+    for kind in fuzz_frontier.OVERLOAD:
+        assert point.median_lead[kind] == kinds[kind]["median_lead_seconds"]
+        warned = point.warned[kind]
+        assert (None if warned is None else round(warned, 3)) == kinds[kind][
+            "warned_before_first_preemption"
+        ]
+    assert kinds["abrupt-overload"]["median_lead_seconds"] is not None  # compared, not None
+
+
+def test_the_frontier_command_prints_every_rule_and_the_fitted_one(
+    runs: list[fuzz.FuzzRun], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert fuzz_frontier.main(["--fuzz", "1", "--seed", "11", "--fit", "1", "--fit-seed", "3"]) == 0
+    out = capsys.readouterr().out
+    for name, _ in fuzz_frontier.sweeps():
+        assert f"| `{name}` |" in out
+    assert "| `fitted > 0.5` |" in out
+    assert "abrupt-overload: 1 runs; the lowest usage" in out
