@@ -57,7 +57,7 @@ Condition = Callable[[Sequence[Tick], int], bool]
 RISK = (ALERT_THRESHOLD, 0.7, 0.9, 0.97, 0.99, 0.999)
 USAGE = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 FORECAST = (0.5, 0.7, 0.9, 1.0)
-FITTED = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995)
+FITTED = (0.5, 0.9, 0.98, 0.995, 0.999, 0.9999)
 
 
 @dataclass(frozen=True)
