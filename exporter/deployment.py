@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import get_args, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from exporter.cache_config import CacheConfig
 from exporter.capacity.arch import ModelArch, parse_config
 from exporter.capacity.deploy_flags import deployment_flags
 from exporter.capacity.gpus import CPU, Gpu, lookup_gpu
-from exporter.capacity.plan import PlanRequest
+from exporter.capacity.plan import Context, PlanRequest
 from exporter.capacity.releases import DEFAULT_VERSION, release
 from exporter.errors import InputError
 from exporter.recent import Recent
@@ -214,11 +214,21 @@ def plan_request(
     weights_bytes: int | None,
     weights_source: str,
     load_draft: Callable[[str], ModelArch | None] | None = None,
+    flag_fields: Mapping[str, Any] | None = None,
+    available_kv_bytes: int | None = None,
+    contexts: tuple[Context, ...] = (),
+    async_scheduling: bool = True,
+    hybrid_kv_cache_manager: bool = True,
 ) -> PlanRequest:
-    """The expected deployment, as ``kv-headroom plan`` would size it.
+    """The deployment as ``kv-headroom plan`` sizes it: vLLM's flags mapped onto a
+    ``PlanRequest`` once, for the sidecar's expected plan and for ``plan`` itself.
 
     ``load_draft`` reads the config of a drafter named in ``--speculative-config``; by
     default ``read_local_draft``, which finds it only at a path this process can read.
+    ``flag_fields`` are the deploy flags' fields already worked out (``plan``'s, which
+    refuses a flag vLLM would refuse and reads a drafter from anywhere); by default
+    ``deployment_flags`` of the deployment's own flags. The rest are ``plan``'s inputs
+    the sidecar does not learn; it plans with ``PlanRequest``'s defaults for them.
     """
     version = deployment.vllm_version or DEFAULT_VERSION
     try:
@@ -247,8 +257,18 @@ def plan_request(
         flashinfer_installed=None
         if deployment.flashinfer is None
         else deployment.flashinfer == "installed",
-        **deployment_flags(
-            dict(deployment.items()), arch, read_local_draft if load_draft is None else load_draft
+        available_kv_bytes=available_kv_bytes,
+        contexts=contexts,
+        async_scheduling=async_scheduling,
+        hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+        **(
+            deployment_flags(
+                dict(deployment.items()),
+                arch,
+                read_local_draft if load_draft is None else load_draft,
+            )
+            if flag_fields is None
+            else flag_fields
         ),
     )
 

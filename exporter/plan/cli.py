@@ -44,9 +44,9 @@ from exporter.capacity.releases import (
     OLDEST_KNOWN,
     format_version,
     parse_version,
-    release,
 )
 from exporter.cli_args import bounded_float
+from exporter.deployment import Deployment, plan_request
 from exporter.errors import InputError
 from exporter.plan.advice import (
     failure_lines,
@@ -551,14 +551,13 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     weights, weights_source = args.weights_bytes, "flag (--weights-bytes)"
     if weights is None and source.weights_bytes is not None:
         weights, weights_source = source.weights_bytes, source.weights_source
-    return PlanRequest(
-        arch=arch,
-        model_name=source.name,
-        gpu=choice.gpu,
-        release=release(args.vllm_version),
-        gpu_memory_utilization=args.gpu_memory_utilization,
+    # The flags as the sidecar's Deployment spells them (argparse already refused what vLLM
+    # would), so that plan and the sidecar's expected plan map them onto a request alike.
+    deployment = Deployment(
+        vllm_version=args.vllm_version,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         kv_cache_dtype=args.kv_cache_dtype,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
@@ -567,15 +566,21 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         enforce_eager=args.enforce_eager,
-        flashinfer_installed=None if args.flashinfer is None else args.flashinfer == "installed",
         quantization=args.quantization,
+        flashinfer=args.flashinfer,
+    )
+    return plan_request(
+        deployment,
+        arch=arch,
+        model_name=source.name,
+        gpu=choice.gpu,
         weights_bytes=weights,
         weights_source=weights_source,
+        flag_fields=deploy_flags(args, arch),
         available_kv_bytes=args.available_kv_bytes,
         contexts=parse_contexts(args.context),
         async_scheduling=args.async_scheduling,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
-        **deploy_flags(args, arch),
     )
 
 
