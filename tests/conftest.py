@@ -1,14 +1,30 @@
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn
 
 import pytest
 import structlog
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI timeout, a ``kill``) ends the run as Ctrl-C does, so the fixtures'
+    teardown still runs. The vLLM servers, sidecars and Prometheus the suite starts live
+    in their own process groups, so a run killed outright leaves them running: five vLLM
+    servers outlived one killed run here and ate a later run's CPU for half an hour."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
 
 
 def require(problem: str | None) -> None:
