@@ -258,7 +258,7 @@ def render(points: Sequence[Point], needed: dict[str, object]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fuzz", type=int, default=213, help="scored hours (family seeds)")
+    ap.add_argument("--fuzz", type=int, default=300, help="scored hours (family seeds)")
     ap.add_argument("--seed", type=int, default=0, help="the first scored seed")
     ap.add_argument("--fit", type=int, default=0, help="hours to fit the fitted rule on")
     ap.add_argument("--fit-seed", type=int, default=0, help="the first seed it is fitted on")
