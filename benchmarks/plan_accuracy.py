@@ -41,8 +41,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.sizing_points import StartupPoint, load_points
+from exporter.capacity.arch import LayerKind
 from exporter.capacity.gpus import GIB
-from exporter.capacity.memory import OverheadModel, sampler_path
+from exporter.capacity.memory import OverheadModel, sampler_bytes, sampler_path
 from exporter.capacity.plan import Plan, plan
 
 
@@ -114,56 +115,59 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     )
 
     forward: list[float] = []
-    sampler: dict[str, list[float]] = {"sorting": [], "flashinfer": [], "kernel": []}
     for pt in points:
         if pt.pp > 1:
             continue
         p = plan(replace(pt.request, overhead=base))
         release = p.request.release
         peak = _note(pt, "torch peak increase")
-        if peak is None and pt.printed_weights_bytes is not None and pt.tp == 1:
-            # Without a printed breakdown, what the weights and the KV cache leave of the
-            # ceiling is the profile peak plus non-torch memory (and, from 0.20, the graph
-            # estimate): take the non-torch figure of the release's era.
-            stage = p.stages[0]
-            peak = (
-                stage.requested
-                - pt.printed_weights_bytes
-                - pt.printed_kv_bytes
-                - stage.non_torch
-                - stage.cuda_graph
-            )
+        # Only a printed peak refits the forward pass: what weights and KV memory leave of
+        # the ceiling also holds the terms no code count covers (the graph estimate, the
+        # 0.25+ profile residual; docs/plan.md), which would land in forward_bytes.
         if peak is None or peak <= 0:
             continue
         arch = p.request.arch
         dtype_bytes = 4 if arch.dtype == "float32" else 2
         width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
         modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
-        entries = _entries(p)
+        requests = min(p.max_num_seqs, p.max_num_batched_tokens)
         path = sampler_path(
-            release, release.v0_engine_on(p.request.gpu.family), p.request.flashinfer_installed
+            release,
+            release.v0_engine_on(p.request.gpu.family),
+            p.request.flashinfer_installed,
+            _v2_runner(p),
+            requests,
         )
-        fixed = {
-            "sorting": fallback.sampler_sort_bytes,
-            "flashinfer": fallback.sampler_fixed_bytes,
-            "kernel": fallback.sampler_kernel_bytes,
-        }[path]
-        per_entry = fixed + fallback.sampler_dtype_bytes * dtype_bytes
-        if modelled_forward >= per_entry * entries and width:
+        per_entry = sampler_bytes(path, release) + fallback.sampler_dtype_bytes * dtype_bytes
+        # The sampler's bytes are counted from vLLM's code (memory.sampler_bytes), not
+        # refit; a row whose forward pass sets the peak refits forward_bytes.
+        if modelled_forward >= per_entry * _entries(p) and width:
             forward.append(peak / (p.max_num_batched_tokens * width))
-        elif entries:
-            sampler[path].append(peak / entries - fallback.sampler_dtype_bytes * dtype_bytes)
 
     def mean(values: list[float], default: float) -> float:
         return statistics.fmean(values) if values else default
 
-    peaks = replace(
-        base,
-        forward_bytes=mean(forward, fallback.forward_bytes),
-        sampler_fixed_bytes=mean(sampler["flashinfer"], fallback.sampler_fixed_bytes),
-        sampler_kernel_bytes=mean(sampler["kernel"], fallback.sampler_kernel_bytes),
-        sampler_sort_bytes=mean(sampler["sorting"], fallback.sampler_sort_bytes),
-    )
+    peaks = replace(base, forward_bytes=mean(forward, fallback.forward_bytes))
+    # The CUDA-graph estimate (subtracted from 0.20) is measured by capturing graphs
+    # (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory), not computable
+    # from the config: one GPU's starts that print their weights measure it as what the
+    # weights, KV memory, the counted peak and the era's non-torch memory leave of the
+    # ceiling. A constant per GPU, the mean of those rows.
+    graphs: list[float] = []
+    for pt in points:
+        if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:
+            continue
+        stage = plan(replace(pt.request, overhead=peaks)).stages[0]
+        if not stage.cuda_graph:
+            continue
+        graphs.append(
+            stage.requested
+            - pt.printed_weights_bytes
+            - pt.printed_kv_bytes
+            - stage.activation
+            - stage.non_torch
+        )
+    peaks = replace(peaks, cuda_graph=int(mean(graphs, fallback.cuda_graph)))
     # A TP row that prints its weights and KV memory but no breakdown measures its non-torch
     # memory as what those, the refitted activation peak and the graph estimate leave of
     # the ceiling (the TP counterpart of the one-GPU rows' peak above); it joins the
@@ -216,9 +220,6 @@ _CUDA_CONTEXT = 300 << 20
 PRIOR = replace(
     OverheadModel(),
     forward_bytes=3.0,
-    sampler_fixed_bytes=12.0,
-    sampler_kernel_bytes=12.0,
-    sampler_sort_bytes=24.0,
     non_torch_single_by_era=(
         ((0, 28, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
@@ -232,6 +233,35 @@ PRIOR = replace(
         ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT + _PR_10511_TP),
     ),
 )
+
+
+def _v2_runner(p: Plan) -> bool:
+    arch, req = p.request.arch, p.request
+    return req.release.v2_model_runner(
+        arch.architectures,
+        moe=arch.moe is not None,
+        quantized=req.quantization is not None or arch.quantization is not None,
+        hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
+    )
+
+
+# Release eras, by what the memory model does differently (newest first): 0.28 charges
+# total_consumed (and from 0.25 dense models profile on Model Runner V2); 0.20 subtracts the
+# CUDA-graph estimate; V1 from 0.8; V0 before it (and 0.8-0.10 on Volta/Turing).
+ERAS: tuple[tuple[str, tuple[int, int, int]], ...] = (
+    ("0.28+", (0, 28, 0)),
+    ("0.20-0.27", (0, 20, 0)),
+    ("V1 0.8-0.19", (0, 8, 0)),
+)
+NEWEST_ERA = ERAS[0][0]
+
+
+def release_era(point: StartupPoint) -> str:
+    """The release era a start belongs to (``ERAS``; V0 starts are their own era)."""
+    release = point.request.release
+    if release.v0_engine_on(point.request.gpu.family):
+        return "V0"
+    return next(name for name, since in ERAS if release.version >= since)
 
 
 def predicted_first_stage(point: StartupPoint, model: OverheadModel | None) -> int:
@@ -270,9 +300,15 @@ def summarise(errors: list[float]) -> dict[str, float]:
 def lofo_breakdown(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
     """The leave-one-family-out error of the rows grouped by ``key`` (family, gpu, release):
     each group's row count with its median, p90 and max absolute error."""
+    return breakdown(rows, key, "lofo_err_pct")
+
+
+def breakdown(rows: list[dict[str, Any]], key: str, column: str) -> dict[str, dict[str, float]]:
+    """``column``'s error of the rows grouped by ``key``: each group's row count with its
+    median, p90 and max absolute error."""
     groups: dict[str, list[float]] = {}
     for row in rows:
-        groups.setdefault(str(row[key]), []).append(row["lofo_err_pct"])
+        groups.setdefault(str(row[key]), []).append(row[column])
     return {
         name: {"rows": len(errs), **summarise(errs)}
         for name, errs in sorted(groups.items(), key=lambda kv: _release_order(kv[0], key))
@@ -299,15 +335,23 @@ def main(argv: list[str] | None = None) -> int:
         if _note(pt, "torch peak increase") is not None
         or (pt.printed_weights_bytes is not None and pt.tp == pt.pp == 1)
     ]
-    errors: dict[str, list[float]] = {"shipped": [], "held-out": [], "lofo": [], "naive": []}
+    errors: dict[str, list[float]] = {
+        "shipped": [],
+        "held-out": [],
+        "lofo": [],
+        "loeo": [],
+        "naive": [],
+    }
     rows: list[dict[str, Any]] = []
     for pt in points:
         others = [q for q in points if q.model != pt.model]
         unseen = [q for q in points if q.family != pt.family]
+        other_eras = [q for q in points if release_era(q) != release_era(pt)]
         models = {
             "shipped": shipped,
             "held-out": fit(others, PRIOR),
             "lofo": fit(unseen, PRIOR),
+            "loeo": fit(other_eras, PRIOR),
             "naive": None,
         }
         row: dict[str, Any] = {
@@ -317,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "family": pt.family,
             "gpu": pt.request.gpu.name,
             "release": pt.request.release.label,
+            "era": release_era(pt),
         }
         for name, model in models.items():
             predicted = predicted_first_stage(pt, model)
@@ -326,11 +371,16 @@ def main(argv: list[str] | None = None) -> int:
             row[f"{name}_err_pct"] = err
         rows.append(row)
     summary = {name: summarise(errs) for name, errs in errors.items()}
+    newest = [r for r in rows if r["era"] == NEWEST_ERA]
+    newest_era = {
+        name: summarise([r[f"{name}_err_pct"] for r in newest]) for name in ("lofo", "loeo")
+    }
     exact = [pt for pt in every if pt.exact and pt.blocks]
     reproduced = sum(1 for pt in exact if reproduces(pt))
     exactness = {"rows": len(exact), "within_0.01pct": reproduced}
     families = sorted({pt.family for pt in points})
     lofo_by = {key: lofo_breakdown(rows, key) for key in ("family", "gpu", "release")}
+    loeo_by_era = breakdown(rows, "era", "loeo_err_pct")
     if args.output == "json":
         print(
             json.dumps(
@@ -339,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                     "exactness": exactness,
                     "families": families,
                     "lofo_by": lofo_by,
+                    "loeo_by_era": loeo_by_era,
+                    "newest_era": {"era": NEWEST_ERA, "rows": len(newest), **newest_era},
                     "rows": rows,
                 },
                 indent=2,
@@ -349,18 +401,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(+ {len(every) - len(points)} CPU-backend starts, set KV memory: exactness only)")
     print("KV memory predicted from GPU, flags, release and config only, vs vLLM's figure\n")
     head = f"{'row':>4} {'deployment':<64} {'printed':>8}"
-    print(f"{head} {'shipped':>9} {'held-out':>9} {'lofo':>9} {'naive':>9}")
+    print(f"{head} {'shipped':>9} {'held-out':>9} {'lofo':>9} {'loeo':>9} {'naive':>9}")
     for r in rows:
         print(
             f"{r['row']:>4} {r['label']:<64} {r['printed_gib']:>7.2f}G "
             f"{r['shipped_err_pct']:>+8.2f}% {r['held-out_err_pct']:>+8.2f}% "
-            f"{r['lofo_err_pct']:>+8.2f}% {r['naive_err_pct']:>+8.2f}%"
+            f"{r['lofo_err_pct']:>+8.2f}% {r['loeo_err_pct']:>+8.2f}% {r['naive_err_pct']:>+8.2f}%"
         )
     print()
     for name, s in summary.items():
         print(
             f"{name:<9} median |error| {s['median_abs_error_pct']:6.2f} %   "
             f"p90 {s['p90_abs_error_pct']:6.2f} %   max {s['max_abs_error_pct']:6.2f} %"
+        )
+    for name in ("lofo", "loeo"):
+        s_ = newest_era[name]
+        print(
+            f"{name:<5} newest era alone ({NEWEST_ERA}, {len(newest)} rows): median |error| "
+            f"{s_['median_abs_error_pct']:6.2f} %   p90 {s_['p90_abs_error_pct']:6.2f} %   "
+            f"max {s_['max_abs_error_pct']:6.2f} %"
+        )
+    print("\nleave-one-release-era-out by era:")
+    for group, g in loeo_by_era.items():
+        print(
+            f"  {group:<24} {g['rows']:>3} rows   median {g['median_abs_error_pct']:6.2f} %   "
+            f"p90 {g['p90_abs_error_pct']:6.2f} %   max {g['max_abs_error_pct']:6.2f} %"
         )
     for key, groups in lofo_by.items():
         print(f"\nleave-one-family-out by {key}:")
@@ -385,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{refit.sampler_kernel_bytes:.2f} ({ship.sampler_kernel_bytes}) 0.17 kernel, "
         f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
         f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
+        f"CUDA-graph estimate {refit.cuda_graph / GIB:.2f} GiB ({ship.cuda_graph / GIB:.2f}); "
         f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes})"
     )
     for (since, single), (_, tp) in zip(

@@ -16,32 +16,21 @@ profile run; this module models them:
   full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
-  ``S`` is ``(fixed + dtype bytes)`` per entry, ``fixed`` set by the top-k/top-p path the
-  start takes (``sampler_path``), each refit by ``benchmarks/plan_accuracy.py`` from the
-  public start-ups in tests/fixtures/sizing/ whose sampler sets the peak (a row that prints
-  no breakdown gives as its peak what weights, KV memory, its era's non-torch memory and
-  graph estimate leave of the ceiling):
-
-  - *sorting* (``logits.sort``: fp32 values and int64 indices over the whole vocabulary):
-    V0 — every release before 0.8, and 0.8-0.10 on Volta/Turing, which fall back to V0
-    (``Release.v0_engine_on``) — V1 before 0.11.1 without FlashInfer installed, and V1
-    0.11.1-0.16 (``Release.sorting_sampler``): 36.73 B, from four starts that print their
-    peak: Llama-3.2-3B on a T4 under 0.8.2 (0.90 GiB over 192 × 128,256 entries: 37.2 B),
-    Qwen3-30B-A3B at TP4 on Turing cards under 0.8.5 (1.40 and 1.39 GiB over 256 × 151,936:
-    36.7 and 36.4 B) and Qwen3-235B-A22B-FP8 at TP8 on L40S under 0.10.2 (1.4 GiB: 36.6 B;
-    tim-roethig/ai-platform; its install is not stated). It replaces the 24 B code count.
-  - *FlashInfer* (V1's sort-free sampler before 0.11.1, where FlashInfer is installed):
-    11.71 B, from Qwen2-7B on an A100 under 0.10.1.1 at two utilizations, whose logs print
-    "Using FlashInfer for top-p & top-k sampling" (11.8 and 11.6 B;
-    dennislee22/vLLM-benchmarking) — the code count is 12 B (three fp32 copies: cast
-    logits, softmax, renormalised probabilities). The same logs' TP2 run on A100 40GB had
-    no FlashInfer and fell back to the sorting path.
-  - *kernel* (0.17 on: the top-k/top-p kernel of vLLM PR 33538, or FlashInfer's sampler
-    where a release turns it back on; one coefficient): 29.79 B, the mean of gpt-oss-20b on
-    an A100 under 0.19 (22.6 B), Qwen2.5-7B-AWQ on an RTX 4080 under 0.26 (19.3 B),
-    Qwen3-14B and Qwen3-14B-AWQ on an L40S under 0.28 (35.0, 35.5 B) and Llama-3.1-8B on an
-    A100 under 0.31 (36.4 B). The step between 0.26 and 0.28 is not explained by a term
-    here; a per-release coefficient would need more than one row a release.
+  ``S`` is the model-dtype logits plus what the sampler holds at its peak, per (dummy
+  request × vocabulary entry), counted from vLLM's code of the path the start takes
+  (``sampler_path``, ``sampler_bytes``; nothing here is fitted): the V1 runner's dummy
+  requests ask for top-k and top-p, so sorting (V0 always, V1 0.11.1-0.16, and before 0.11.1
+  without FlashInfer) holds 36 B beyond the logits, FlashInfer's sampler (V1 before 0.11.1)
+  and 0.17's Triton kernel 12 B; Model Runner V2 (``Release.v2_model_runner``: dense models
+  from 0.25, every model from 0.29) samples the dummy logits in place, 0 B (4 B in
+  0.22-0.25, which copied them to fp32). The counts meet the measurements:
+  llm-d-planner's Qwen3-14B on one H100 (1,024 × 151,936 entries) peaked at 5.64 GiB under
+  0.16 and 2.23 GiB under 0.17, the counts say 5.51 and 2.03 GiB; the fixture starts that
+  print their peak give 36.4-37.2 B (sorting), 11.6-11.8 B (FlashInfer) and 13.5 B
+  (Qwen2.5-7B-AWQ, 0.26, whose printed peak the code count 12 B plus the kernel's per-SM
+  buffer accounts for; it is a V2 start by 0.26's rule unless its log says otherwise). The
+  0.17+ coefficient this replaces (29.79 B, fitted by 962cba7) had absorbed the CUDA-graph
+  estimate below, which does not scale with the vocabulary.
 
   ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
   (3.84) is fitted to the V0 starts whose forward pass sets the peak: vLLM issue 10517
@@ -74,11 +63,17 @@ profile run; this module models them:
   GiB, the "consumed memory" less the weights of Llama-3.1-8B on an A100 under 0.31 (15.26
   − 15.0), used for TP too (no 0.28+ TP row prints it). A PP stage's worker accounts like
   one GPU's.
-* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``: 0.27 GiB per
-  GPU, the median of the estimates public 0.20+ logs print (0.09, 0.17 and 0.36 GiB on
-  RTX 3090s and a 0.27 start, 2.43 GiB on GB10s: club-3090 issues 434 and 127, gpustack
-  runner PR 251, MiaAI-Lab PR 25). It varies with the captured sizes far more than this
-  constant says; unvalidated against a printed KV figure.
+* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``. vLLM measures
+  it by capturing graphs on a minimal KV cache
+  (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory, 0.31), so it is not
+  computable from a config: a residual, 1.18 GiB per GPU, the mean of what weights, KV
+  memory, the counted peak and non-torch memory leave of the ceiling in the one-GPU
+  0.20+ starts that print their weights (Qwen3-14B and -AWQ on an L40S under 0.28: 1.36,
+  1.51; Llama-3.1-8B on an A100 under 0.31: 1.23, whose log prints transient peak plus
+  estimate as 1.44 GiB; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 0.86), refit the same
+  way by ``benchmarks/plan_accuracy.py``. llm-d's 0.19 H100 logs print estimates of
+  0.84-1.39 GiB; club-3090 and GB10 logs print 0.09-0.36 and 2.43 GiB, so it varies with
+  the GPU and the captured sizes far more than one constant says.
 
 ``benchmarks/plan_accuracy.py`` measures the error of the whole model.
 """
@@ -97,13 +92,17 @@ class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
     forward_bytes: float = 3.84  # per (batched token × intermediate width / TP × dtype byte)
-    # The sampler's bytes per (dummy request × vocabulary entry), by the top-k/top-p path
-    # the start takes (see the module docstring and ``sampler_path``).
-    sampler_fixed_bytes: float = 11.71  # FlashInfer's sort-free sampler, V1 before 0.11.1
-    sampler_kernel_bytes: float = 29.79  # the Triton top-k/top-p kernel, 0.17 on
-    sampler_sort_bytes: float = 36.73  # the sorting path (see sampler_path)
+    # The sampler's bytes per (dummy request × vocabulary entry) beyond the model-dtype
+    # logits, by the path the start takes (``sampler_path``). Each is counted from the
+    # tensors vLLM's code of that path holds at its peak (see ``sampler_bytes``); none is
+    # fitted to a start-up.
+    sampler_sort_bytes: float = 36.0  # sorting: fp32 copy 4, sort out 12, sort temporaries 20
+    sampler_fixed_bytes: float = 12.0  # FlashInfer (V1 before 0.11.1): fp32 copy, mask, probs
+    sampler_kernel_bytes: float = 12.0  # Triton kernel (V1 0.17+): fp32 copy, probs, noise
+    sampler_v2_bytes: float = 0.0  # Model Runner V2: the logits are sampled as they are
+    sampler_v2_copy_bytes: float = 4.0  # ... but 0.22-0.25 copy them to fp32 first
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    cuda_graph: int = int(0.27 * GIB)
+    cuda_graph: int = int(1.18 * GIB)  # a residual with its rows (see above)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -153,6 +152,7 @@ class ActivationInputs:
     encoder_elems: int = 0  # a vision tower's profile: patches × MLP width (0: text only)
     v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
     flashinfer_installed: bool | None = None  # None: pip install vllm's default
+    v2_runner: bool = False  # Model Runner V2 serves it (Release.v2_model_runner)
 
 
 def activation_peaks(
@@ -163,15 +163,11 @@ def activation_peaks(
     forward = model.forward_bytes * (
         a.max_num_batched_tokens * (a.intermediate_size / a.tp) * a.dtype_bytes
     )
-    fixed = {
-        "sorting": model.sampler_sort_bytes,
-        "flashinfer": model.sampler_fixed_bytes,
-        "kernel": model.sampler_kernel_bytes,
-    }[sampler_path(release, a.v0_engine, a.flashinfer_installed)]
-    per_entry = fixed + model.sampler_dtype_bytes * a.dtype_bytes
+    requests = min(a.max_num_seqs, a.max_num_batched_tokens)
+    path = sampler_path(release, a.v0_engine, a.flashinfer_installed, a.v2_runner, requests)
+    per_entry = sampler_bytes(path, release, model) + model.sampler_dtype_bytes * a.dtype_bytes
     if release.sampler_warmup_pass:
         per_entry += model.sampler_warmup_bytes
-    requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     sampler = per_entry * requests * a.vocab_size
     copies = model.softcap_copies if a.logits_softcap else 1
     logits = copies * a.dtype_bytes * requests * a.vocab_size
@@ -184,25 +180,89 @@ def activation_peaks(
     return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
 
 
-def sampler_path(release: Release, v0_engine: bool, flashinfer_installed: bool | None) -> str:
-    """The top-k/top-p path of the profile run's sampler.
+def sampler_path(
+    release: Release,
+    v0_engine: bool,
+    flashinfer_installed: bool | None,
+    v2_runner: bool = False,
+    requests: int = 256,
+) -> str:
+    """The path the profile run's dummy sampler takes, read from each release's code.
 
-    ``sorting``: V0's ``Sampler._apply_top_k_top_p`` and V1's ``apply_top_k_top_p_pytorch``
-    sort the logits — V0 always; V1 before 0.11.1 when FlashInfer is not installed (its
-    ``topk_topp_sampler.py`` logs "FlashInfer is not available. Falling back to the
-    PyTorch-native implementation of top-p & top-k sampling"), and 0.11.1-0.16, where
-    FlashInfer's sampler is off by default (``Release.sorting_sampler``). ``flashinfer``:
-    V1 before 0.11.1 with FlashInfer installed (its log: "Using FlashInfer for top-p & top-k
-    sampling"). ``pip install vllm`` did not install FlashInfer until vLLM PR 26443
-    (merged 2025-10-08, after 0.11.0) made it a dependency; the vllm/vllm-openai image has
-    it. None takes the pip default. ``kernel``: 0.17 on (the top-k/top-p kernel of vLLM PR
-    33538, or FlashInfer's sampler where a release turns it back on; one coefficient).
+    The V1 runner's ``_dummy_sampler_run`` (vllm/v1/worker/gpu_model_runner.py, 0.8-0.32)
+    samples every dummy request with temperature 0.5, ``top_k = vocab - 1`` and
+    ``top_p = 0.9``, no penalties and no logprobs; V0's profile run
+    (vllm/worker/model_runner.py::profile_run) gives its dummy sequences top-k and top-p
+    too. Which code then filters:
+
+    ``sorting``: V0's ``Sampler._apply_top_k_top_p`` (vllm/model_executor/layers/sampler.py)
+    always; V1's ``TopKTopPSampler.forward_native`` -> ``apply_top_k_top_p_pytorch``
+    (vllm/v1/sample/ops/topk_topp_sampler.py) before 0.11.1 when FlashInfer is not
+    installed (it logs "FlashInfer is not available. Falling back to the PyTorch-native
+    implementation of top-p & top-k sampling"), 0.11.1-0.16 (FlashInfer's sampler off by
+    default, ``Release.sorting_sampler``), and from 0.17 when fewer than 8 requests are
+    sampled (``apply_top_k_top_p`` takes the Triton kernel only from 8 rows).
+    ``flashinfer``: V1 before 0.11.1 with FlashInfer installed (``forward_cuda`` ->
+    ``flashinfer_sample``; "Using FlashInfer for top-p & top-k sampling"). ``pip install
+    vllm`` did not install FlashInfer until vLLM PR 26443 (merged 2025-10-08, after 0.11.0)
+    made it a dependency; the vllm/vllm-openai image has it. None takes the pip default.
+    ``kernel``: V1 from 0.17, ``apply_top_k_top_p_triton``
+    (vllm/v1/sample/ops/topk_topp_triton.py, vLLM PR 33538), in place.
+    ``v2``: Model Runner V2 (``Release.v2_model_runner``): its ``_dummy_sampler_run``
+    (vllm/v1/worker/gpu/model_runner.py, 0.22-0.32) builds ``InputBatch.make_dummy``
+    requests that were never added to the sampler, so ``SamplingStates`` keeps
+    ``top_k = vocab_size`` and ``top_p = 1.0`` (vllm/v1/worker/gpu/sample/states.py) and
+    ``get_top_k_top_p`` returns None: no top-k/top-p runs, and ``gumbel_sample`` reads the
+    logits in place (its own comment: "the sampler may skip top_k, top_p, and logprobs").
     """
-    if v0_engine or release.sorting_sampler:
+    if v0_engine:
+        return "sorting"
+    if v2_runner:
+        return "v2"
+    if release.sorting_sampler:
         return "sorting"
     if release.version >= (0, 17, 0):
-        return "kernel"
+        return "kernel" if requests >= 8 else "sorting"
     return "flashinfer" if flashinfer_installed else "sorting"
+
+
+def sampler_bytes(path: str, release: Release, model: OverheadModel = DEFAULT_OVERHEAD) -> float:
+    """Bytes per (dummy request × vocabulary entry) the sampler holds at its peak beyond the
+    model-dtype logits ``compute_logits`` returned (the caller keeps those alive).
+
+    ``sorting`` (36): ``Sampler.forward`` copies the logits to fp32 (4); ``logits.sort``
+    returns fp32 values and int64 indices (12); while it runs, PyTorch's CUDA sort
+    (aten/src/ATen/native/cuda/Sort.cpp, ``segmented_sort_pairs`` in
+    aten/src/ATen/cuda/cub.cuh) holds an int64 iota of the indices it permutes (8) and
+    cub's alternate keys and values buffers (12). The masks, the cumulative probabilities
+    and V0's out-of-place scatter that follow (V0: 4 + 8 + 1 + 4 + 4 + 1 + 4 = 26, V1
+    0.10: 22, 0.11.1-0.16: 18, all with the fp32 copy) stay below it. The 0.16 -> 0.17
+    Qwen3-14B pair on one H100 (llm-d-planner@8f9dbb8, 1,024 × 151,936 entries) measured
+    5.64 GiB, this count 5.51; the public starts in tests/fixtures/sizing print
+    36.4-37.2 B beyond the logits (Llama-3.2-3B T4 0.8.2, Qwen3-30B-A3B TP4 0.8.5 twice,
+    Qwen3-235B-FP8 TP8 L40S 0.10.2).
+    ``flashinfer`` (12): the fp32 copy, then ``top_k_top_p_sampling_from_logits`` masks
+    the logits into a new fp32 tensor and takes its softmax (4 + 4); Qwen2-7B on an A100
+    under 0.10.1.1 prints 11.8 and 11.6 B.
+    ``kernel`` (12): the fp32 copy; the Triton kernel masks it in place; then
+    ``forward_native``'s softmax (4) and ``random_sample``'s exponential noise (4). Its
+    per-SM row buffer (at most an SM count of vocabulary rows, cached) is not counted
+    (under 0.1 GiB). llm-d-planner's 0.17 Qwen3-14B H100 start measured 2.23 GiB, this
+    count 2.03; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26 prints 13.5 B
+    (tests/fixtures/sizing).
+    ``v2`` (0, or 4 in 0.22-0.25): ``Sampler.apply_sampling_params``
+    (vllm/v1/worker/gpu/sample/sampler.py) copied the logits to fp32 unconditionally in
+    0.22-0.25; 0.26 works in place and 0.28 copies only for requests that need logits
+    processing, which no dummy request does.
+    """
+    if path == "sorting":
+        return model.sampler_sort_bytes
+    if path == "flashinfer":
+        return model.sampler_fixed_bytes
+    if path == "kernel":
+        return model.sampler_kernel_bytes
+    copies = (0, 22, 0) <= release.version < (0, 26, 0)
+    return model.sampler_v2_copy_bytes if copies else model.sampler_v2_bytes
 
 
 def non_torch_bytes(

@@ -614,6 +614,12 @@ def _stage_memory(
             encoder_elems=_encoder_profile_elems(req, mnbt, max_seqs, sources),
             v0_engine=rel.v0_engine_on(req.gpu.family),
             flashinfer_installed=req.flashinfer_installed,
+            v2_runner=rel.v2_model_runner(
+                arch.architectures,
+                moe=arch.moe is not None,
+                quantized=req.quantization is not None or arch.quantization is not None,
+                hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
+            ),
         ),
         rel,
         req.overhead,

@@ -52,6 +52,73 @@ class ConcurrencyLine(StrEnum):
     BLOCKS_OVER_REQUEST = "num_blocks / blocks_per_request"  # 0.9+
 
 
+# ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` in vllm/config/vllm.py of each release from 0.22
+# to 0.28 (read in the released wheels; 0.29 removed the list), newest first.
+_V2_DEFAULT_ARCHITECTURES: tuple[tuple[tuple[int, int, int], frozenset[str]], ...] = (
+    (
+        (0, 28, 0),
+        frozenset(
+            {
+                "DeepseekV2ForCausalLM",
+                "DeepseekV4ForCausalLM",
+                "GraniteMoeForCausalLM",
+                "InklingForCausalLM",
+                "InklingForConditionalGeneration",
+                "KimiK3ForConditionalGeneration",
+                "LongcatFlashNgramForCausalLM",
+                "Qwen2MoeForCausalLM",
+            }
+        ),
+    ),
+    (
+        (0, 27, 0),
+        frozenset(
+            {
+                "DeepseekV2ForCausalLM",
+                "GraniteMoeForCausalLM",
+                "InklingForCausalLM",
+                "InklingForConditionalGeneration",
+                "KimiK3ForConditionalGeneration",
+                "LongcatFlashNgramForCausalLM",
+                "Qwen2MoeForCausalLM",
+            }
+        ),
+    ),
+    (
+        (0, 26, 0),
+        frozenset(
+            {
+                "DeepseekV2ForCausalLM",
+                "GraniteMoeForCausalLM",
+                "InklingForCausalLM",
+                "InklingForConditionalGeneration",
+                "LongcatFlashNgramForCausalLM",
+                "Qwen2MoeForCausalLM",
+            }
+        ),
+    ),
+    (
+        (0, 25, 0),
+        frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+    ),
+    (
+        (0, 24, 0),
+        frozenset(
+            {
+                "Qwen3ForCausalLM",
+                "DeepseekV2ForCausalLM",
+                "Qwen2MoeForCausalLM",
+                "GraniteMoeForCausalLM",
+                "LlamaForCausalLM",
+                "MistralForCausalLM",
+            }
+        ),
+    ),
+    ((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})),
+    ((0, 22, 0), frozenset({"Qwen3ForCausalLM"})),
+)
+
+
 @dataclass(frozen=True)
 class Release:
     """The sizing rules of one vLLM release."""
@@ -158,6 +225,38 @@ class Release:
         "Using FlashInfer" leave room for nothing larger (dennislee22/vLLM-benchmarking).
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
+
+    def v2_model_runner(
+        self, architectures: tuple[str, ...], moe: bool, quantized: bool, hybrid: bool = False
+    ) -> bool:
+        """vLLM runs this model with Model Runner V2 (``vllm/v1/worker/gpu/``) by default.
+
+        ``vllm/config/vllm.py::VllmConfig.use_v2_model_runner`` and
+        ``_is_default_v2_model_runner_model`` with ``VLLM_USE_V2_MODEL_RUNNER`` unset, read
+        in each release's wheel: before 0.22 the env default is off. 0.22-0.24 turn it on
+        for the architectures in ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (0.22 and 0.23
+        only where the model is neither MoE nor quantized). 0.25-0.27 add every dense model
+        that is not hybrid (``listed or not model_config.is_moe``); 0.28 lets a listed hybrid
+        in. From 0.29 the list is gone and every model on CUDA takes V2 unless it asks for a
+        feature V2 lacks (``_get_v2_model_runner_unsupported_features``: some speculative
+        methods, DBO micro-batching; not modelled). Its profile run samples differently
+        (``memory.sampler_path``).
+        """
+        if self.version >= (0, 29, 0):
+            return True
+        listed_names = next(
+            (names for since, names in _V2_DEFAULT_ARCHITECTURES if self.version >= since), None
+        )
+        if listed_names is None:
+            return False
+        listed = bool(set(architectures) & listed_names)
+        if self.version >= (0, 25, 0):
+            if hybrid and not (listed and self.version >= (0, 28, 0)):
+                return False
+            return listed or not moe
+        if not listed:
+            return False
+        return self.version >= (0, 24, 0) or not (moe or quantized)
 
     def v0_engine_on(self, gpu_family: str) -> bool:
         """The V0 engine serves this start: every release before 0.8, and 0.8-0.10 on GPUs
