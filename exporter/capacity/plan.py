@@ -90,6 +90,10 @@ class PlanRequest:
     quantization: str | None = None
     weights_bytes: int | None = None
     weights_source: str = "flag"
+    # ``weights_bytes`` is what vLLM printed as "Model loading took X GiB" (plan's
+    # --weights-bytes): one worker's loaded bytes, already split over TP and with the
+    # rotary table in it, not the checkpoint to split (see ``_stage_weights``).
+    weights_per_gpu: bool = False
     available_kv_bytes: int | None = None
     contexts: tuple[Context, ...] = ()
     async_scheduling: bool = True
@@ -553,6 +557,49 @@ def _weights_total(req: PlanRequest, sources: dict[str, str]) -> int | None:
     return estimate
 
 
+def _stage_weights(
+    req: PlanRequest, total_weights: int | None, sources: dict[str, str]
+) -> tuple[int, ...]:
+    """What each PP stage's GPU holds after loading: the checkpoint split as vLLM places it
+    plus the rotary table, or, for a figure vLLM printed, that figure as it stands.
+
+    vLLM's "Model loading took" is ``DeviceMemoryProfiler().consumed_memory`` around
+    ``model_loader.load_model`` in ``GPUModelRunner.load_model``
+    (vllm/v1/worker/gpu_model_runner.py, 0.8-0.32): the model is built inside it, so the
+    rotary embedding's ``cos_sin_cache`` buffer, registered in ``RotaryEmbedding.__init__``
+    (vllm/model_executor/layers/rotary_embedding/base.py), is already in the figure, and
+    each worker measures its own TP shard. With PP the printed worker is taken as the first
+    stage, the others scaled by how vLLM splits the layers.
+    """
+    arch, tp, pp = req.arch, req.tensor_parallel_size, req.pipeline_parallel_size
+    if total_weights is None:
+        return (0,) * pp
+
+    def split(total: int) -> tuple[int, ...]:
+        return stage_weight_bytes(
+            arch,
+            total,
+            tp=tp,
+            pp=pp,
+            dtype=arch.dtype,
+            quantization=req.quantization,
+            native_fp4=req.gpu.family == "blackwell",
+            marlin_tp=_marlin_tp(req),
+        )
+
+    if req.weights_per_gpu:
+        if pp == 1:
+            return (total_weights,)
+        shares = split(total_weights * tp * pp)
+        return tuple(int(total_weights * share / shares[0]) for share in shares)
+    weights = split(total_weights)
+    rope = rotary_cache_bytes(arch)
+    if rope:
+        weights = tuple(w + rope for w in weights)
+        sources["weights"] += f" + {rope / 2**20:.0f} MiB rotary table"
+    return weights
+
+
 def _marlin_tp(req: PlanRequest) -> int:
     """The TP size MXFP4 experts are padded at for Marlin (``Release.mxfp4_marlin_on``), or
     0 where another kernel (or no MXFP4) loads them."""
@@ -577,24 +624,7 @@ def _stage_memory(
         sources.update(activation="n/a on CPU", non_torch="n/a on CPU", cuda_graph="n/a on CPU")
         return tuple(StageMemory(0, 0, 0, 0, 0) for _ in range(pp))
     requested = requested_memory(req.gpu.total_bytes, utilization, rel)
-    weights = (
-        stage_weight_bytes(
-            arch,
-            total_weights,
-            tp=tp,
-            pp=pp,
-            dtype=arch.dtype,
-            quantization=req.quantization,
-            native_fp4=req.gpu.family == "blackwell",
-            marlin_tp=_marlin_tp(req),
-        )
-        if total_weights is not None
-        else (0,) * pp
-    )
-    rope = rotary_cache_bytes(arch) if total_weights is not None else 0
-    if rope:
-        weights = tuple(w + rope for w in weights)
-        sources["weights"] += f" + {rope / 2**20:.0f} MiB rotary table"
+    weights = _stage_weights(req, total_weights, sources)
     weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
     width = arch.intermediate_size or 0

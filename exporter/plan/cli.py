@@ -198,7 +198,8 @@ def add_parser(sub: Any) -> None:
         "--weights-bytes",
         metavar="BYTES",
         type=_size("--weights-bytes"),
-        help="the whole checkpoint (split over TP × PP as vLLM loads it)",
+        help="what vLLM printed as 'Model loading took X GiB': one GPU's weights, already "
+        "split over TP, rotary table included (with PP: the first stage's)",
     )
     p.add_argument(
         "--available-kv-bytes",
@@ -569,7 +570,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         quantization=args.quantization,
         flashinfer=args.flashinfer,
     )
-    return plan_request(
+    request = plan_request(
         deployment,
         arch=arch,
         model_name=source.name,
@@ -582,6 +583,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         async_scheduling=args.async_scheduling,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
     )
+    # --weights-bytes is the figure a user copies from vLLM's "Model loading took" line:
+    # one GPU's loaded bytes (capacity.plan._stage_weights), not a checkpoint to split.
+    return dataclasses.replace(request, weights_per_gpu=args.weights_bytes is not None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -135,3 +135,23 @@ def test_modelopt_nvfp4_and_unknown_algorithms() -> None:
     odd = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "W4A8_AWQ"}}
     with pytest.raises(InputError, match="quant_algo"):
         parse_config(with_hf_quant_config(LLAMA, odd), "model")
+
+
+def test_weights_bytes_is_the_model_loading_took_figure_as_printed() -> None:
+    # Llama-3.1-8B on an A100 under 0.31 printed "Model loading took 15.0 GiB memory"
+    # (tests/fixtures/sizing, row 33). vLLM measures that figure around the model's
+    # construction and load on each worker, so its rotary table and its TP split are in it:
+    # plan subtracts it as given, at TP1 and at TP2 alike.
+    from exporter.capacity.gpus import GIB
+    from exporter.capacity.plan import plan
+    from exporter.cli import build_parser
+    from exporter.plan.cli import build_request
+
+    def weights(*flags: str) -> int:
+        model = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "A100-SXM4-80GB"]
+        release = ["--vllm-version", "0.31.0", "--weights-bytes", "15GiB"]
+        args = build_parser().parse_args(["plan", *model, *release, *flags])
+        return plan(build_request(args)).stages[0].weights
+
+    assert weights() == 15 * GIB
+    assert weights("--tensor-parallel-size", "2") == 15 * GIB
