@@ -41,9 +41,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.sizing_points import StartupPoint, load_points
-from exporter.capacity.arch import LayerKind
 from exporter.capacity.gpus import GIB
-from exporter.capacity.memory import OverheadModel, sampler_bytes, sampler_path
+from exporter.capacity.memory import OverheadModel
 from exporter.capacity.plan import Plan, plan
 
 
@@ -73,16 +72,16 @@ def _entries(p: Plan) -> float:
 
 
 def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
-    """Refit what these rows' printed profile figures identify; keep the rest structural.
+    """Refit what only a measurement can give; keep what vLLM's code counts.
 
-    A row's activation peak is ``max(forward, sampler)``, so it measures only the phase that
-    set it: rows whose modelled forward pass outweighs the sampler refit ``forward_bytes``,
-    rows the other way round refit the sampler's fixed bytes per entry of the top-k/top-p
-    path the start takes (``memory.sampler_path``: sorting, FlashInfer's sort-free sampler,
-    or 0.17's kernel); the per-dtype byte stays counted from the code. Non-torch memory is
-    refit per release era of ``OverheadModel.non_torch_*_by_era`` from the rows that print
-    it: one GPU from TP1 rows, TP > 1 from TP rows. Starts before 0.6.4 refit nothing: their
-    V0 worker charged the memory free after the profile run, with no peak/non-torch split.
+    The profile run's forward pass, vision encoder and sampler are counted from vLLM's code
+    (``memory.forward_bytes``, ``memory.sampler_bytes``) and are never refit. Two residuals
+    are: non-torch memory per release era of ``OverheadModel.non_torch_*_by_era``, from the
+    rows that print it (one GPU from TP1 rows, TP > 1 from TP rows, and TP rows that print
+    weights and KV memory but no breakdown), and the 0.20+ CUDA-graph estimate, a constant
+    per GPU from the one-GPU 0.20+ rows that print their weights. Starts before 0.6.4 refit
+    nothing: their V0 worker charged the memory free after the profile run, with no
+    peak/non-torch split.
     """
     points = [pt for pt in points if pt.request.release.version >= _PROFILED_SINCE]
 
@@ -114,40 +113,10 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
         non_torch_tp_by_era=tuple(tp_table),
     )
 
-    forward: list[float] = []
-    for pt in points:
-        if pt.pp > 1:
-            continue
-        p = plan(replace(pt.request, overhead=base))
-        release = p.request.release
-        peak = _note(pt, "torch peak increase")
-        # Only a printed peak refits the forward pass: what weights and KV memory leave of
-        # the ceiling also holds the terms no code count covers (the graph estimate, the
-        # 0.25+ profile residual; docs/plan.md), which would land in forward_bytes.
-        if peak is None or peak <= 0:
-            continue
-        arch = p.request.arch
-        dtype_bytes = 4 if arch.dtype == "float32" else 2
-        width = (arch.intermediate_size or 0) / pt.tp * dtype_bytes
-        modelled_forward = fallback.forward_bytes * p.max_num_batched_tokens * width
-        requests = min(p.max_num_seqs, p.max_num_batched_tokens)
-        path = sampler_path(
-            release,
-            release.v0_engine_on(p.request.gpu.family),
-            p.request.flashinfer_installed,
-            _v2_runner(p),
-            requests,
-        )
-        per_entry = sampler_bytes(path, release) + fallback.sampler_dtype_bytes * dtype_bytes
-        # The sampler's bytes are counted from vLLM's code (memory.sampler_bytes), not
-        # refit; a row whose forward pass sets the peak refits forward_bytes.
-        if modelled_forward >= per_entry * _entries(p) and width:
-            forward.append(peak / (p.max_num_batched_tokens * width))
-
     def mean(values: list[float], default: float) -> float:
         return statistics.fmean(values) if values else default
 
-    peaks = replace(base, forward_bytes=mean(forward, fallback.forward_bytes))
+    peaks = base
     # The CUDA-graph estimate (subtracted from 0.20) is measured by capturing graphs
     # (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory), not computable
     # from the config: one GPU's starts that print their weights measure it as what the
@@ -202,16 +171,15 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
 # V0's memory_profiling (0.6.4) is the first to split the peak from non-torch memory.
 _PROFILED_SINCE = (0, 6, 4)
 
-# What the model assumes before any fixture row is seen, so that a refit without a row's model
-# or family cannot inherit what the shipped coefficients learnt from that row, and what a term
-# no row measures keeps: the forward pass counted from the MLP (gate/up outputs and the
-# activation: 3 × width per token); as non-torch growth on one GPU (and per PP stage) only
-# the cuBLAS/cuBLASLt workspace (32 MiB) the first matmuls of the profile run allocate
-# outside PyTorch's pool (the allocation 0.33 moves into the start-up baseline); with TP > 1
-# on V0 releases (before 0.8) the comm buffers vLLM PR 10511 measured under 0.6.x on top
-# (a V0 figure: V1's worker is not assumed to have them); the public CUDA-graph estimates;
-# the sampler's code count: three fp32 logits-sized buffers on the sort-free paths, plus fp32
-# sorted values and int64 indices on the sorting path.
+# What the model assumes before any fixture row is seen, so that a refit without a row's model,
+# family or era cannot inherit what the shipped residuals learnt from it, and what a residual
+# no row measures keeps: as non-torch growth on one GPU (and per PP stage) only the
+# cuBLAS/cuBLASLt workspace (32 MiB) the first matmuls of the profile run allocate outside
+# PyTorch's pool (the allocation 0.33 moves into the start-up baseline); with TP > 1 on V0
+# releases (before 0.8) the comm buffers vLLM PR 10511 measured under 0.6.x on top (a V0
+# figure: V1's worker is not assumed to have them); as the CUDA-graph estimate the median of
+# the public 0.20+ estimates outside the fixtures (0.27 GiB: club-3090 issues 434 and 127,
+# gpustack runner PR 251, MiaAI-Lab PR 25). The counted terms are the shipped ones.
 _CUBLAS = OverheadModel().cublas_baseline
 _PR_10511_TP = int(1.79 * GIB)
 # V0 up to 0.6.4 charged the process's CUDA context too (memory.py): about 300 MiB with
@@ -219,7 +187,7 @@ _PR_10511_TP = int(1.79 * GIB)
 _CUDA_CONTEXT = 300 << 20
 PRIOR = replace(
     OverheadModel(),
-    forward_bytes=3.0,
+    cuda_graph=int(0.27 * GIB),
     non_torch_single_by_era=(
         ((0, 28, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
@@ -233,16 +201,6 @@ PRIOR = replace(
         ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT + _PR_10511_TP),
     ),
 )
-
-
-def _v2_runner(p: Plan) -> bool:
-    arch, req = p.request.arch, p.request
-    return req.release.v2_model_runner(
-        arch.architectures,
-        moe=arch.moe is not None,
-        quantized=req.quantization is not None or arch.quantization is not None,
-        hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
-    )
 
 
 # Release eras, by what the memory model does differently (newest first): 0.28 charges
@@ -451,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
         f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
         f"CUDA-graph estimate {refit.cuda_graph / GIB:.2f} GiB ({ship.cuda_graph / GIB:.2f}); "
-        f"forward {refit.forward_bytes:.2f} ({ship.forward_bytes})"
+        "forward and encoder counted from the code"
     )
     for (since, single), (_, tp) in zip(
         refit.non_torch_single_by_era, refit.non_torch_tp_by_era, strict=True

@@ -32,11 +32,20 @@ profile run; this module models them:
   0.17+ coefficient this replaces (29.79 B, fitted by 962cba7) had absorbed the CUDA-graph
   estimate below, which does not scale with the vocabulary.
 
-  ``F = forward_bytes × tokens × intermediate / TP × dtype bytes``; ``forward_bytes``
-  (3.84) is fitted to the V0 starts whose forward pass sets the peak: vLLM issue 10517
-  (Llama-3.1-8B on an RTX 3090, 20,000 and 29,000 profile tokens: peaks of 2.07 and 2.99
-  GiB above the weights) and Qwen2.5-7B on an RTX 3090 under 0.6.6 (8,192 tokens, 1.09
-  GiB): 3.88, 3.86 and 3.77.
+  ``F = tokens × dtype bytes × (3 × intermediate / TP + 3 × hidden)``, counted from the
+  eager decoder layer (vllm/model_executor/models/llama.py, ``LlamaMLP.forward`` and
+  ``LlamaDecoderLayer.forward``, the same shape in the other dense and MoE models): the MLP
+  keeps ``gate_up`` (2 × intermediate) alive while ``act_fn``'s output (1 ×) goes through
+  ``down_proj``, whose output (hidden) sits beside the layer's input and the residual
+  stream (2 × hidden); the RMS norms work in place. Not fitted: it meets the V0 starts whose
+  forward pass sets the printed peak, vLLM issue 10517 (Llama-3.1-8B on an RTX 3090, 20,000
+  and 29,000 profile tokens: 3.88 and 3.86 B per token × intermediate × dtype byte
+  printed, 3.86 counted) and Qwen2.5-7B on an RTX 3090 under 0.6.6 (8,192 tokens: 3.77
+  printed, 3.57 counted). It replaces a slope fitted to those three rows of two families.
+  The encoder profile pushes the largest image through the vision tower, counted the same
+  way at SigLIP's shape (intermediate 4,304, hidden 1,152: 3.80 B per patch × MLP width ×
+  dtype byte; Gemma-3-27B's vision profile on an H100 then comes to 3.99 GiB, which is what
+  a recent release's log prints as its torch peak increase, per issue 35).
 * **non-torch memory** — allocations outside PyTorch after the snapshot, by release era
   (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it.
   V0 has two accountings. Up to 0.6.4 the worker charged everything on the device that
@@ -91,7 +100,13 @@ from exporter.capacity.releases import Release
 class OverheadModel:
     """The calibrated coefficients of the model above (bytes; see the module docstring)."""
 
-    forward_bytes: float = 3.84  # per (batched token × intermediate width / TP × dtype byte)
+    # The forward pass's live activations per batched token, in intermediate-wide and
+    # hidden-wide copies (see the module docstring; counted, not fitted).
+    forward_mlp_copies: float = 3.0
+    forward_hidden_copies: float = 3.0
+    # The vision tower's per (patch × MLP width × dtype byte), the same count at SigLIP's
+    # shape: 3 + 3 × 1,152 / 4,304.
+    encoder_bytes: float = 3.0 + 3.0 * 1152 / 4304
     # The sampler's bytes per (dummy request × vocabulary entry) beyond the model-dtype
     # logits, by the path the start takes (``sampler_path``). Each is counted from the
     # tensors vLLM's code of that path holds at its peak (see ``sampler_bytes``); none is
@@ -111,7 +126,7 @@ class OverheadModel:
     cublas_baseline: int = 32 << 20
     # Structural terms, not fitted (no start-up of such a model is in the fixtures): the
     # encoder profile run pushes the largest image through the vision tower, whose MLP
-    # peaks like the language model's (the same forward_bytes per element); soft-capped
+    # peaks like the language model's (encoder_bytes above); soft-capped
     # logits (Gemma 2: tanh(x / c) · c in compute_logits) hold three model-dtype copies
     # at once, freed before sampling starts.
     softcap_copies: int = 3
@@ -160,9 +175,7 @@ def activation_peaks(
 ) -> tuple[int, ...]:
     """Modelled torch peak increase of the profile run, per PP stage (bytes)."""
     a = inputs
-    forward = model.forward_bytes * (
-        a.max_num_batched_tokens * (a.intermediate_size / a.tp) * a.dtype_bytes
-    )
+    forward = forward_bytes(a, model)
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     path = sampler_path(release, a.v0_engine, a.flashinfer_installed, a.v2_runner, requests)
     per_entry = sampler_bytes(path, release, model) + model.sampler_dtype_bytes * a.dtype_bytes
@@ -172,12 +185,22 @@ def activation_peaks(
     copies = model.softcap_copies if a.logits_softcap else 1
     logits = copies * a.dtype_bytes * requests * a.vocab_size
     sampler = max(sampler, logits)  # the logits phase ends before the sampler's begins
-    encoder = model.forward_bytes * a.encoder_elems * a.dtype_bytes / a.tp
+    encoder = model.encoder_bytes * a.encoder_elems * a.dtype_bytes / a.tp
     first = max(forward, encoder)  # the vision tower runs on the first stage
     if a.pp == 1:
         return (int(max(first, sampler)),)
     received = 2 * a.max_num_batched_tokens * a.hidden_size * a.dtype_bytes
     return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
+
+
+def forward_bytes(a: ActivationInputs, model: OverheadModel = DEFAULT_OVERHEAD) -> float:
+    """The dummy forward pass's peak: intermediate-wide copies sharded over TP, hidden-wide
+    copies not (see the module docstring)."""
+    per_token = (
+        model.forward_mlp_copies * a.intermediate_size / a.tp
+        + model.forward_hidden_copies * a.hidden_size
+    )
+    return a.max_num_batched_tokens * per_token * a.dtype_bytes
 
 
 def sampler_path(

@@ -62,10 +62,10 @@ def test_soft_capped_logits_hold_three_model_dtype_copies() -> None:
 def test_a_vision_towers_encoder_profile_can_set_the_peak() -> None:
     vl = fixture_config("Qwen__Qwen2.5-VL-7B-Instruct")
     text_only = {k: v for k, v in vl.items() if k != "vision_config"}
-    # The largest image through the vision tower's MLP, priced like the LM's forward; with
+    # The largest image through the vision tower's MLP, counted like the LM's forward; with
     # 64 sequences the sampler no longer hides it (phases peak one at a time).
     arch = parse_config(vl, "model")
-    encoder = OverheadModel().forward_bytes * arch.vision_profile_elems * 2
+    encoder = OverheadModel().encoder_bytes * arch.vision_profile_elems * 2
     assert peak(vl, 64) > peak(text_only, 64)
     assert peak(vl, 64) == int(encoder)
 
