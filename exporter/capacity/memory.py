@@ -26,11 +26,10 @@ profile run; this module models them:
   0.22-0.25, which copied them to fp32). The counts meet the measurements:
   llm-d-planner's Qwen3-14B on one H100 (1,024 × 151,936 entries) peaked at 5.64 GiB under
   0.16 and 2.23 GiB under 0.17, the counts say 5.51 and 2.03 GiB; the fixture starts that
-  print their peak give 36.4-37.2 B (sorting), 11.6-11.8 B (FlashInfer) and 13.5 B
-  (Qwen2.5-7B-AWQ, 0.26, whose printed peak the code count 12 B plus the kernel's per-SM
-  buffer accounts for; it is a V2 start by 0.26's rule unless its log says otherwise). The
-  0.17+ coefficient this replaces (29.79 B, fitted by 962cba7) had absorbed the CUDA-graph
-  estimate below, which does not scale with the vocabulary.
+  print their peak give 36.4-37.2 B (sorting) and 11.6-11.8 B (FlashInfer). The 0.17+
+  coefficient this replaces (29.79 B, fitted by 962cba7 to five starts of 0.19-0.31) had
+  absorbed the CUDA-graph estimate below, which does not scale with the vocabulary, and
+  starts that 0.25+ runs on V2, whose sampler adds nothing.
 
   ``F = tokens × dtype bytes × (3 × intermediate / TP + 3 × hidden)``, counted from the
   eager decoder layer (vllm/model_executor/models/llama.py, ``LlamaMLP.forward`` and
@@ -75,11 +74,12 @@ profile run; this module models them:
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``. vLLM measures
   it by capturing graphs on a minimal KV cache
   (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory, 0.31), so it is not
-  computable from a config: a residual, 1.18 GiB per GPU, the mean of what weights, KV
-  memory, the counted peak and non-torch memory leave of the ceiling in the one-GPU
-  0.20+ starts that print their weights (Qwen3-14B and -AWQ on an L40S under 0.28: 1.36,
-  1.51; Llama-3.1-8B on an A100 under 0.31: 1.23, whose log prints transient peak plus
-  estimate as 1.44 GiB; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 0.86), refit the same
+  computable from a config: a residual, 1.19 GiB per GPU, the mean of what weights, KV
+  memory, the counted peak and non-torch memory leave of the ceiling in the one-GPU 0.20+
+  starts that print their weights (Qwen3-14B and -AWQ on an L40S under 0.28: 1.35, 1.37;
+  Llama-3.1-8B on an A100 under 0.31: 1.23, whose log prints transient peak plus estimate
+  as 1.44 GiB against a counted 0.21 GiB peak; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26:
+  0.79, whose log prints 1.04 GiB for the two against a counted 0.26), refit the same
   way by ``benchmarks/plan_accuracy.py``. llm-d's 0.19 H100 logs print estimates of
   0.84-1.39 GiB; club-3090 and GB10 logs print 0.09-0.36 and 2.43 GiB, so it varies with
   the GPU and the captured sizes far more than one constant says.
@@ -117,7 +117,7 @@ class OverheadModel:
     sampler_v2_bytes: float = 0.0  # Model Runner V2: the logits are sampled as they are
     sampler_v2_copy_bytes: float = 4.0  # ... but 0.22-0.25 copy them to fp32 first
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    cuda_graph: int = int(1.18 * GIB)  # a residual with its rows (see above)
+    cuda_graph: int = int(1.19 * GIB)  # a residual with its rows (see above)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -271,8 +271,7 @@ def sampler_bytes(path: str, release: Release, model: OverheadModel = DEFAULT_OV
     ``forward_native``'s softmax (4) and ``random_sample``'s exponential noise (4). Its
     per-SM row buffer (at most an SM count of vocabulary rows, cached) is not counted
     (under 0.1 GiB). llm-d-planner's 0.17 Qwen3-14B H100 start measured 2.23 GiB, this
-    count 2.03; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26 prints 13.5 B
-    (tests/fixtures/sizing).
+    count 2.03.
     ``v2`` (0, or 4 in 0.22-0.25): ``Sampler.apply_sampling_params``
     (vllm/v1/worker/gpu/sample/sampler.py) copied the logits to fp32 unconditionally in
     0.22-0.25; 0.26 works in place and 0.28 copies only for requests that need logits
