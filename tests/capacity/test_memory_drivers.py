@@ -7,7 +7,12 @@ from dataclasses import replace
 from benchmarks.sizing_points import family_of
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import lookup_gpu
-from exporter.capacity.memory import ActivationInputs, OverheadModel, activation_peaks
+from exporter.capacity.memory import (
+    ActivationInputs,
+    OverheadModel,
+    activation_peaks,
+    forward_bytes,
+)
 from exporter.capacity.plan import PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.capacity.weights import (
@@ -220,3 +225,96 @@ def test_before_0_11_1_v1_sorts_unless_flashinfer_is_installed() -> None:
     )
     assert pip_default == int((model.sampler_sort_bytes + 2) * entries)
     assert installed == (int((model.sampler_fixed_bytes + 2) * entries),)
+
+
+def test_model_runner_v2_samples_the_dummy_logits_as_they_are() -> None:
+    # V2's _dummy_sampler_run (vllm/v1/worker/gpu/model_runner.py) samples requests the
+    # sampler never registered: top_k stays the vocabulary, top_p 1.0, so nothing filters
+    # and 0.26+ copies nothing; 0.22-0.25 copied the logits to fp32 first.
+    inputs = ActivationInputs(
+        v2_runner=True,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        intermediate_size=0,
+        hidden_size=0,
+        vocab_size=151_936,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    entries = 1024 * 151_936
+    assert activation_peaks(inputs, release("0.31.0"))[0] == 2 * entries
+    assert activation_peaks(inputs, release("0.24.0"))[0] == (2 + 4) * entries
+
+
+def test_model_runner_v2_is_the_default_by_each_releases_own_rule() -> None:
+    # vllm/config/vllm.py::use_v2_model_runner with VLLM_USE_V2_MODEL_RUNNER unset.
+    def v2(version: str, arch: str, moe: bool = False, hybrid: bool = False) -> bool:
+        return release(version).v2_model_runner((arch,), moe=moe, quantized=False, hybrid=hybrid)
+
+    assert not v2("0.21.0", "Qwen3ForCausalLM")  # the env default is off
+    assert v2("0.22.0", "Qwen3ForCausalLM")  # the first listed architecture
+    assert not v2("0.24.0", "Gemma2ForCausalLM")  # not listed
+    assert v2("0.25.0", "Gemma2ForCausalLM")  # every dense model from 0.25
+    assert not v2("0.28.0", "Qwen3MoeForCausalLM", moe=True)  # an MoE model must be listed
+    assert v2("0.28.0", "Qwen2MoeForCausalLM", moe=True)
+    assert not v2("0.28.0", "Qwen3NextForCausalLM", moe=True, hybrid=True)
+    assert v2("0.29.0", "Qwen3MoeForCausalLM", moe=True)  # the list is gone
+
+
+def test_the_triton_kernel_filters_only_from_eight_requests() -> None:
+    # apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py, 0.17+) takes the Triton
+    # kernel from 8 rows; fewer are sorted by apply_top_k_top_p_pytorch.
+    inputs = ActivationInputs(
+        max_num_batched_tokens=8192,
+        max_num_seqs=4,
+        intermediate_size=0,
+        hidden_size=0,
+        vocab_size=151_936,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    model = OverheadModel()
+    four = activation_peaks(inputs, release("0.19.0"), model)[0]
+    eight = activation_peaks(replace(inputs, max_num_seqs=8), release("0.19.0"), model)[0]
+    assert four == int((model.sampler_sort_bytes + 2) * 4 * 151_936)
+    assert eight == int((model.sampler_kernel_bytes + 2) * 8 * 151_936)
+
+
+def test_the_sampler_counts_meet_the_0_16_and_0_17_peaks_llm_d_measured() -> None:
+    # llm-d-planner@8f9dbb8 (accuracy/scripts/sweep-versions.yaml): Qwen3-14B on one H100,
+    # vLLM's defaults (8,192 batched tokens, 1,024 sequences), activation peak 5.64 GiB
+    # under 0.16 (sorting) and 2.23 GiB under 0.17 (the Triton kernel). The counts, with
+    # nothing fitted, land within 10 %.
+    qwen3_14b = fixture_config("Qwen__Qwen3-14B")
+
+    def counted(version: str) -> float:
+        req = PlanRequest(
+            arch=parse_config(qwen3_14b, "model"),
+            model_name="Qwen/Qwen3-14B",
+            gpu=lookup_gpu("H100"),
+            release=release(version),
+        )
+        return plan(req).stages[0].activation / GIB
+
+    assert abs(counted("0.16.0") - 5.64) / 5.64 < 0.10
+    assert abs(counted("0.17.0") - 2.23) / 2.23 < 0.10
+
+
+def test_the_forward_count_meets_issue_10517s_printed_peak() -> None:
+    # vLLM issue 10517: Llama-3.1-8B on an RTX 3090 under 0.6.4 (V0, no chunked prefill, so
+    # the profile batch is max_model_len = 20,000 tokens) printed peak_torch_memory 17.06
+    # GiB with 14.99 GiB of weights: 2.07 GiB of forward pass. Counted, not fitted.
+    llama = parse_config(fixture_config("meta-llama__Llama-3.1-8B-Instruct"), "model")
+    inputs = ActivationInputs(
+        max_num_batched_tokens=20_000,
+        max_num_seqs=256,
+        intermediate_size=llama.intermediate_size or 0,
+        hidden_size=llama.hidden_size or 0,
+        vocab_size=llama.vocab_size or 0,
+        dtype_bytes=2,
+        tp=1,
+        pp=1,
+    )
+    assert abs(forward_bytes(inputs) / GIB - 2.07) / 2.07 < 0.01
