@@ -254,12 +254,15 @@ def sampler_bytes(path: str, release: Release, model: OverheadModel = DEFAULT_OV
     model-dtype logits ``compute_logits`` returned (the caller keeps those alive).
 
     ``sorting`` (36): ``Sampler.forward`` copies the logits to fp32 (4); ``logits.sort``
-    returns fp32 values and int64 indices (12); while it runs, PyTorch's CUDA sort
-    (aten/src/ATen/native/cuda/Sort.cpp, ``segmented_sort_pairs`` in
-    aten/src/ATen/cuda/cub.cuh) holds an int64 iota of the indices it permutes (8) and
-    cub's alternate keys and values buffers (12). The masks, the cumulative probabilities
-    and V0's out-of-place scatter that follow (V0: 4 + 8 + 1 + 4 + 4 + 1 + 4 = 26, V1
-    0.10: 22, 0.11.1-0.16: 18, all with the fp32 copy) stay below it. The 0.16 -> 0.17
+    returns fp32 values and int64 indices (12); while it runs, PyTorch's CUDA sort of 128
+    rows or more (aten/src/ATen/native/cuda/SortStable.cu, ``launch_stable_sort_kernel``
+    -> ``segmented_sort_pairs``) allocates an int64 iota of the indices it permutes (8) and
+    sorts through ``at::cuda::cub::segmented_sort_pairs`` (aten/src/ATen/cuda/cub.cuh),
+    whose cub radix sort keeps alternate key and value buffers in its temporary storage
+    (12). Fewer rows take ``segmented_sort_pairs_by_full_sort``, not counted apart. The
+    masks, the cumulative probabilities and V0's out-of-place scatter that follow (V0: 4 +
+    8 + 1 + 4 + 4 + 1 + 4 = 26, V1 0.10: 22, 0.11.1-0.16: 18, all with the fp32 copy) stay
+    below it. The 0.16 -> 0.17
     Qwen3-14B pair on one H100 (llm-d-planner@8f9dbb8, 1,024 × 151,936 entries) measured
     5.64 GiB, this count 5.51; the public starts in tests/fixtures/sizing print
     36.4-37.2 B beyond the logits (Llama-3.2-3B T4 0.8.2, Qwen3-30B-A3B TP4 0.8.5 twice,
