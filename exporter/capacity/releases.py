@@ -239,8 +239,12 @@ class Release:
         that is not hybrid (``listed or not model_config.is_moe``); 0.28 lets a listed hybrid
         in. From 0.29 the list is gone and every model on CUDA takes V2 unless it asks for a
         feature V2 lacks (``_get_v2_model_runner_unsupported_features``: some speculative
-        methods, DBO micro-batching; not modelled). Its profile run samples differently
-        (``memory.sampler_path``).
+        methods, DBO micro-batching, custom logits processors; not modelled). vLLM's blog
+        "From Opt-In to Default: Migrating vLLM to Model Runner V2" (2026-08-31) dates the
+        same stages (Qwen3 canary, Llama and Mistral, Qwen and DeepSeek-V2 MoE, quantized,
+        all dense models, all families "first tagged release ... v0.29.0"), and V2 logs
+        "Using V2 Model Runner" at start-up (vllm/v1/worker/gpu_worker.py, 0.16+). Its
+        profile run samples differently (``memory.sampler_path``).
         """
         if self.version >= (0, 29, 0):
             return True
