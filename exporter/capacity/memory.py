@@ -272,9 +272,10 @@ def sampler_bytes(path: str, release: Release, model: OverheadModel = DEFAULT_OV
     under 0.10.1.1 prints 11.8 and 11.6 B.
     ``kernel`` (12): the fp32 copy; the Triton kernel masks it in place; then
     ``forward_native``'s softmax (4) and ``random_sample``'s exponential noise (4). Its
-    per-SM row buffer (at most an SM count of vocabulary rows, cached) is not counted
-    (under 0.1 GiB). llm-d-planner's 0.17 Qwen3-14B H100 start measured 2.23 GiB, this
-    count 2.03.
+    per-SM row buffer (``_TRITON_BUFFER_CACHE``: up to one fp32 vocabulary row per SM,
+    cached) is not counted: the GPU table has no SM counts, and it is 0.04-0.13 GiB (108
+    A100 SMs × 128,256 entries to 132 H100 SMs × 262,208). llm-d-planner's 0.17 Qwen3-14B
+    H100 start measured 2.23 GiB, this count 2.03 (0.08 of the gap is that buffer).
     ``v2`` (0, or 4 in 0.22-0.25): ``Sampler.apply_sampling_params``
     (vllm/v1/worker/gpu/sample/sampler.py) copied the logits to fp32 unconditionally in
     0.22-0.25; 0.26 works in place and 0.28 copies only for requests that need logits
