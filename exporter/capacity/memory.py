@@ -13,7 +13,8 @@ profile run; this module models them:
 * **activation peak** — the profile run pushes ``max_num_batched_tokens`` tokens through
   the model (peak ``F``, set by the MLP width) and, on the last PP stage, samples one
   token for each of ``min(max_num_seqs, max_num_batched_tokens)`` dummy requests over the
-  full vocabulary with top-k/top-p (peak ``S``, set by requests × vocabulary). The two do
+  full vocabulary (peak ``S``, set by requests × vocabulary; with top-k/top-p on the V1
+  runner and V0, without on Model Runner V2). The two do
   not overlap, so a single stage peaks at ``max(F, S)``; a last PP stage also keeps the
   hidden-state and residual buffers it receives from the previous stage.
   ``S`` is the model-dtype logits plus what the sampler holds at its peak, per (dummy
@@ -21,8 +22,9 @@ profile run; this module models them:
   (``sampler_path``, ``sampler_bytes``; nothing here is fitted): the V1 runner's dummy
   requests ask for top-k and top-p, so sorting (V0 always, V1 0.11.1-0.16, and before 0.11.1
   without FlashInfer) holds 36 B beyond the logits, FlashInfer's sampler (V1 before 0.11.1)
-  and 0.17's Triton kernel 12 B; Model Runner V2 (``Release.v2_model_runner``: dense models
-  from 0.25, every model from 0.29) samples the dummy logits in place, 0 B (4 B in
+  and 0.17's Triton kernel 12 B; Model Runner V2 (``Release.v2_model_runner``: listed
+  architectures from 0.22, every dense model from 0.25, every model from 0.29) samples the
+  dummy logits in place, 0 B (4 B in
   0.22-0.25, which copied them to fp32). The counts meet the measurements:
   llm-d-planner's Qwen3-14B on one H100 (1,024 × 151,936 entries) peaked at 5.64 GiB under
   0.16 and 2.23 GiB under 0.17, the counts say 5.51 and 2.03 GiB; the fixture starts that
@@ -43,8 +45,8 @@ profile run; this module models them:
   printed, 3.57 counted). It replaces a slope fitted to those three rows of two families.
   The encoder profile pushes the largest image through the vision tower, counted the same
   way at SigLIP's shape (intermediate 4,304, hidden 1,152: 3.80 B per patch × MLP width ×
-  dtype byte; Gemma-3-27B's vision profile on an H100 then comes to 3.99 GiB, which is what
-  a recent release's log prints as its torch peak increase, per issue 35).
+  dtype byte; Gemma-3-27B's vision profile on an H100 then comes to 4.00 GiB, where a
+  recent release's log printed a 3.99 GiB torch peak increase, per issue 35).
 * **non-torch memory** — allocations outside PyTorch after the snapshot, by release era
   (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it.
   V0 has two accountings. Up to 0.6.4 the worker charged everything on the device that
