@@ -50,6 +50,7 @@ from exporter.capacity.memory import (
     cuda_graph_bytes,
     non_torch_bytes,
     requested_memory,
+    sampler_path,
 )
 from exporter.capacity.releases import Release
 from exporter.capacity.weights import (
@@ -607,6 +608,14 @@ def _marlin_tp(req: PlanRequest) -> int:
     return req.tensor_parallel_size if on else 0
 
 
+_SAMPLER_NAMES = {
+    "sorting": "sorting top-k/top-p",
+    "flashinfer": "FlashInfer top-k/top-p",
+    "kernel": "Triton top-k/top-p",
+    "v2": "Model Runner V2, in place",
+}
+
+
 def _stage_memory(
     req: PlanRequest,
     utilization: float,
@@ -630,34 +639,40 @@ def _stage_memory(
     width = arch.intermediate_size or 0
     if arch.moe is not None:
         width = max(width, arch.moe.expert_intermediate_size * arch.moe.experts_per_token)
-    peaks = activation_peaks(
-        ActivationInputs(
-            max_num_batched_tokens=mnbt,
-            max_num_seqs=max_seqs,
-            intermediate_size=width,
-            hidden_size=arch.hidden_size or 0,
-            vocab_size=arch.vocab_size or 0,
-            dtype_bytes=dtype_bytes,
-            tp=tp,
-            pp=pp,
-            logits_softcap=arch.final_logit_softcapping is not None,
-            encoder_elems=_encoder_profile_elems(req, mnbt, max_seqs, sources),
-            v0_engine=rel.v0_engine_on(req.gpu.family),
-            flashinfer_installed=req.flashinfer_installed,
-            v2_runner=rel.v2_model_runner(
-                arch.architectures,
-                moe=arch.moe is not None,
-                quantized=req.quantization is not None or arch.quantization is not None,
-                hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
-            ),
+    inputs = ActivationInputs(
+        max_num_batched_tokens=mnbt,
+        max_num_seqs=max_seqs,
+        intermediate_size=width,
+        hidden_size=arch.hidden_size or 0,
+        vocab_size=arch.vocab_size or 0,
+        dtype_bytes=dtype_bytes,
+        tp=tp,
+        pp=pp,
+        logits_softcap=arch.final_logit_softcapping is not None,
+        encoder_elems=_encoder_profile_elems(req, mnbt, max_seqs, sources),
+        v0_engine=rel.v0_engine_on(req.gpu.family),
+        flashinfer_installed=req.flashinfer_installed,
+        v2_runner=rel.v2_model_runner(
+            arch.architectures,
+            moe=arch.moe is not None,
+            quantized=req.quantization is not None or arch.quantization is not None,
+            hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
         ),
-        rel,
-        req.overhead,
     )
+    peaks = activation_peaks(inputs, rel, req.overhead)
     if not arch.vocab_size or not width:
         sources["activation"] = "unknown (config lacks vocab_size/intermediate_size): 0"
     else:
-        sources["activation"] = "estimate (profile-run model)"
+        # Which sampler the profile run takes moves this row by GiBs at a large vocabulary;
+        # a start-up log says which (V2: "Using V2 Model Runner"), so the row names it.
+        path = sampler_path(
+            rel,
+            inputs.v0_engine,
+            inputs.flashinfer_installed,
+            inputs.v2_runner,
+            min(max_seqs, mnbt),
+        )
+        sources["activation"] = f"estimate (profile run; sampler: {_SAMPLER_NAMES[path]})"
     non_torch = non_torch_bytes(rel, tp, pp, req.overhead)
     graphs = cuda_graph_bytes(rel, req.enforce_eager, req.overhead)
     sources["non_torch"] = "estimate (by release and parallelism)"

@@ -318,3 +318,22 @@ def test_the_forward_count_meets_issue_10517s_printed_peak() -> None:
         pp=1,
     )
     assert abs(forward_bytes(inputs) / GIB - 2.07) / 2.07 < 0.01
+
+
+def test_the_plan_names_the_sampler_path_its_activation_assumes() -> None:
+    # The path moves the row by GiBs; a start-up log says which one ran (Model Runner V2
+    # logs "Using V2 Model Runner"), so the row names it for the reader to compare.
+    qwen3_14b = parse_config(fixture_config("Qwen__Qwen3-14B"), "model")
+
+    def source(version: str) -> str:
+        req = PlanRequest(
+            arch=qwen3_14b,
+            model_name="Qwen/Qwen3-14B",
+            gpu=lookup_gpu("H100"),
+            release=release(version),
+        )
+        return plan(req).sources["activation"]
+
+    assert source("0.16.0").endswith("sampler: sorting top-k/top-p)")
+    assert source("0.19.0").endswith("sampler: Triton top-k/top-p)")
+    assert source("0.31.0").endswith("sampler: Model Runner V2, in place)")
