@@ -28,6 +28,10 @@ from typing import Any, Self
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# Environment variables the tests read themselves (tests/e2e/vllm_harness.py), not settings.
+HARNESS_ENV = frozenset(
+    {"KV_HEADROOM_VLLM_VENV", "KV_HEADROOM_KEEP_VLLM_LOGS", "KV_HEADROOM_E2E_BOUND_SCALE"}
+)
 RULES = sorted((ROOT / "rules").glob("*.yml"))
 STOP_GRACE_S = 10.0
 
@@ -53,11 +57,19 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def wait_for(url: str, timeout: float, what: str, proc: subprocess.Popen[bytes]) -> None:
+def wait_for(
+    url: str, timeout: float, what: str, proc: subprocess.Popen[bytes], log: Path | None = None
+) -> None:
+    """Until ``url`` answers 200; a process that exits first fails with the end of ``log``
+    (its output), so that a CI log alone says why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before {url} answered")
+            said = log.read_text(errors="replace")[-4000:] if log and log.is_file() else ""
+            raise RuntimeError(
+                f"{what} exited with {proc.returncode} before {url} answered"
+                + (f"; its output:\n{said}" if said else "")
+            )
         if http_get(url, timeout=2.0)[0] == 200:
             return
         time.sleep(0.2)
@@ -135,9 +147,12 @@ class Sidecar(_Process):
         )  # fmt: skip
 
     def start(self, timeout: float = 30.0) -> Self:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        # The test harness's own knobs share the sidecar's KV_HEADROOM_ prefix, and the
+        # sidecar refuses a setting it does not know (exit 2): it is not given them.
+        env = {k: v for k, v in os.environ.items() if k not in HARNESS_ENV}
+        env["PYTHONPATH"] = str(ROOT)
         self._spawn([sys.executable, "-m", "exporter", "serve", *self.args], env)
-        wait_for(self.url + "/healthz", timeout, "kv-headroom serve", self.proc)
+        wait_for(self.url + "/healthz", timeout, "kv-headroom serve", self.proc, self.log_path)
         return self
 
     def metrics(self) -> str:
@@ -182,7 +197,7 @@ class Prometheus(_Process):
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--web.enable-lifecycle",
         ])  # fmt: skip
-        wait_for(self.url + "/-/ready", timeout, "prometheus", self.proc)
+        wait_for(self.url + "/-/ready", timeout, "prometheus", self.proc, self.log_path)
         return self
 
     def api(self, path: str, **params: str) -> Any:
