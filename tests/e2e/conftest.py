@@ -71,7 +71,7 @@ def _vllm_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, VllmServer
     if _needed(request, "vllm_servers"):
         servers.update(
             (a.name, VllmServer(a.config, name=a.served_name, extra_args=a.extra_args,
-                                env={"VLLM_CPU_OMP_THREADS_BIND": a.cpus}))
+                                env={"VLLM_CPU_OMP_THREADS_BIND": a.cpus}, tokens=a.tokens))
             for a in ARCHITECTURES
         )  # fmt: skip
     if _needed(request, "fresh_servers"):

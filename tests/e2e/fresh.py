@@ -269,19 +269,22 @@ def cold_server() -> VllmServer:
             "--max-model-len", str(COLD_MAX_LEN), "--num-gpu-blocks-override", str(COLD_BLOCKS),
         ),
         env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
+        tokens=COLD_BLOCKS * 128,
     )  # fmt: skip
 
 
 def compute_server() -> VllmServer:
     return VllmServer(
-        CONFIG, name="tinyllama", extra_args=COMPUTE_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "1"}
-    )
+        CONFIG, name="tinyllama", extra_args=COMPUTE_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "1"},
+        tokens=200 * 128,
+    )  # fmt: skip
 
 
 def batch_server() -> VllmServer:
     return VllmServer(
-        CONFIG, name="tinyllama", extra_args=BATCH_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "0"}
-    )
+        CONFIG, name="tinyllama", extra_args=BATCH_ARGS, env={"VLLM_CPU_OMP_THREADS_BIND": "0"},
+        tokens=400 * 128,
+    )  # fmt: skip
 
 
 def cold_summary(run: ColdStartRun) -> str:

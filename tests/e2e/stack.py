@@ -5,8 +5,9 @@ next to it, and one Prometheus with rules/ scraping every vLLM and sidecar each 
 First streamed requests of known length, one at a time until the sidecar has read one
 running (tokens per running sequence) three times, then one
 closed-loop client for SAFE_S seconds (safe: the risk must stay low), then one more
-client every STEP_S seconds until vLLM counts a preemption (the context quantiles are
-checked then). The architectures run side by side; afterwards the load stops and
+client every STEP_S seconds, up to as many as must overfill the cache twice whatever the
+machine's speed (``most_clients``), until vLLM counts a preemption (the context quantiles
+are checked then). The architectures run side by side; afterwards the load stops and
 Prometheus is watched until both alerts have resolved. Everything started is stopped by
 process group, whatever happens.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -40,7 +42,15 @@ PREEMPTING = "VllmKvCachePreempting"
 SAFE_S = 60.0
 STEP_S = 20.0
 AFTER_PREEMPTION_S = 5.0
-RAMP_BOUND_S = SAFE_S + 30 * STEP_S
+# The requests' lengths (request_mix): the least of both is what a client surely holds.
+PROMPT = (200, 600)
+ANSWER = (300, 800)
+# How long the ramp may take once every client runs: the time, at the rate the server has
+# generated tokens so far, to generate the cache's size FILLS times over (at least
+# MIN_FILL_S). A machine that generates nothing still stops at RAMP_CEILING_S.
+FILLS = 10
+MIN_FILL_S = 120.0
+RAMP_CEILING_S = 1800.0
 # VllmKvCachePreempting looks back 5 minutes: it resolves that long after the last one.
 RESOLVE_BOUND_S = 7 * 60.0
 PROBE = Request(prompt_tokens=300, max_tokens=1500)
@@ -63,29 +73,54 @@ class Architecture:
     # The servers run side by side: each one's compute threads on a core of its own, so
     # that neither starves the other (or its own API server) on a small machine.
     cpus: str
+    tokens: int  # the KV cache the ramp is sized for, checked when the server is up
 
 
 ARCHITECTURES = (
     # 4 layers, 2 KV heads of 32: 1,024 bytes per token; 48 blocks of 128 (BASE_ARGS).
-    Architecture("llama-gqa", FIXTURES / "vllm" / "tinyllama.config.json", "tinyllama", (), "0"),
-    # MLA: 4 layers of one (512 + 64)-wide latent: 4,608 bytes per token; CPU blocks of 16.
+    Architecture(
+        "llama-gqa", FIXTURES / "vllm" / "tinyllama.config.json", "tinyllama", (), "0", 6_144
+    ),
+    # MLA: 4 layers of one (512 + 64)-wide latent: 4,608 bytes per token; 400 blocks of 16.
+    # The reference CPU MLA backend on every machine: on a CPU with AMX tiles vLLM 0.32
+    # picks its AMX one, whose 128-token blocks made the 400 blocks 51,200 tokens, which
+    # the ramp never filled (vllm_harness.KV_CACHE_TOKENS).
     Architecture(
         "deepseek-mla",
         FIXTURES / "vllm" / "tinydeepseek.config.json",
         "tinydeepseek",
-        ("--num-gpu-blocks-override", "400"),
+        ("--num-gpu-blocks-override", "400", "--attention-backend", "CPU_MLA"),
         "1",
+        6_400,
     ),
 )
 
 
 def request_mix(rng: random.Random) -> Request:
-    return Request(rng.randint(200, 600), rng.randint(300, 800))
+    return Request(rng.randint(*PROMPT), rng.randint(*ANSWER))
 
 
-def clients(elapsed: float) -> int:
-    """One client while safe; then two, and one more every STEP_S seconds."""
-    return 1 if elapsed < SAFE_S else 2 + int((elapsed - SAFE_S) // STEP_S)
+def most_clients(tokens: int) -> int:
+    """Closed-loop clients whose shortest requests alone hold twice a cache of ``tokens``:
+    vLLM admits a request whose prompt fits and grows it as it decodes, so with this many
+    it must run out of blocks and preempt, on a machine of any speed."""
+    return math.ceil(2 * tokens / (PROMPT[0] + ANSWER[0]))
+
+
+def clients(elapsed: float, tokens: int) -> int:
+    """One client while safe; then two, one more every STEP_S seconds, up to most_clients."""
+    ramp = 1 if elapsed < SAFE_S else 2 + int((elapsed - SAFE_S) // STEP_S)
+    return min(ramp, most_clients(tokens))
+
+
+def ramp_bound(samples: Sequence[Sample], tokens: int) -> float:
+    """Seconds the ramp may run, from what the server has done so far: until its last
+    client starts, then FILLS caches' worth of tokens at the rate it has generated them."""
+    last_client = SAFE_S + (most_clients(tokens) - 2) * STEP_S
+    span = samples[-1].t - samples[0].t if samples else 0.0
+    rate = (samples[-1].generated - samples[0].generated) / span if span > 0 else 0.0
+    fill = FILLS * tokens / rate if rate > 0 else math.inf
+    return min(RAMP_CEILING_S, last_client + max(MIN_FILL_S, fill))
 
 
 def first_preemption(samples: Sequence[Sample]) -> float | None:
@@ -268,8 +303,9 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
     watcher = asyncio.create_task(watch())
     try:
         await drive_ramp(
-            server.url, model=server.model, concurrency=clients, requests=request_mix,
-            until=enough, bound=RAMP_BOUND_S, seed=ARCHITECTURES.index(arch), result=run.ramp,
+            server.url, model=server.model, concurrency=lambda t: clients(t, arch.tokens),
+            requests=request_mix, until=enough, bound=lambda s: ramp_bound(s, arch.tokens),
+            seed=ARCHITECTURES.index(arch), result=run.ramp,
         )  # fmt: skip
     finally:
         run.load_stopped = time.time()

