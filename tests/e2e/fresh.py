@@ -28,6 +28,7 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exporter.risk.model import ALERT_THRESHOLD
@@ -84,6 +85,10 @@ BATCH_SEED = 1400
 # The sidecar's first polls see requests it has not watched finish; from this many seconds
 # after it started the bottleneck gauge must name the resource.
 SETTLE_S = 10.0
+# Queued readings from SETTLE_S a queue run waits for before it stops sending waves, and
+# the most waves it sends to get them.
+MIN_SETTLED = 10
+MAX_WAVES = 12
 
 
 @dataclass
@@ -195,11 +200,11 @@ def compute_wave(wave: int) -> list[Request]:
     ]  # fmt: skip
 
 
-def batch_requests() -> list[Request]:
-    rng = random.Random(BATCH_SEED)
+def batch_requests(wave: int = 0) -> list[Request]:
+    rng = random.Random(BATCH_SEED + wave)
     return [
         Request(rng.randint(*BATCH_PROMPT), rng.randint(*BATCH_GENERATION),
-                prompt_seed=BATCH_SEED * 1000 + i)
+                prompt_seed=(BATCH_SEED + wave) * 1000 + i)
         for i in range(BATCH_REQUESTS)
     ]  # fmt: skip
 
@@ -227,9 +232,15 @@ async def run_cold_start(server: VllmServer) -> ColdStartRun:
     return run
 
 
-async def _run_queue(server: VllmServer, waves: list[list[Request]]) -> QueueRun:
-    """A fresh sidecar on the fresh ``server``; each wave sent at once when the previous
-    one has finished."""
+async def _run_queue(
+    server: VllmServer, wave: Callable[[int], list[Request]], least: int, most: int
+) -> QueueRun:
+    """A fresh sidecar on the fresh ``server``; waves ``wave(0)``, ``wave(1)``, ... each sent
+    at once when the previous one has finished: at least ``least``, then more until the
+    sidecar has made MIN_SETTLED queued readings from SETTLE_S, at most ``most``. A count of
+    readings, not a count of waves, so a fast machine (a wave of the compute-bound run took
+    4 s on an idle AVX-512 EPYC, its two waves ended before SETTLE_S) still gives the
+    checks something to read."""
     run = QueueRun()
     stop = asyncio.Event()
     with Sidecar(server.url, *SIDECAR_ARGS) as sidecar:
@@ -237,7 +248,10 @@ async def _run_queue(server: VllmServer, waves: list[list[Request]]) -> QueueRun
         run.sidecar_started = time.time()
         reader = asyncio.create_task(_read(sidecar, run.readings, stop))
         try:
-            for requests in waves:
+            for w in range(most):
+                if w >= least and len(run.settled) >= MIN_SETTLED:
+                    break
+                requests = wave(w)
                 run.waves.append(
                     await drive(server.url, requests, concurrency=len(requests),
                                 model=server.model)
@@ -251,12 +265,12 @@ async def _run_queue(server: VllmServer, waves: list[list[Request]]) -> QueueRun
 
 async def run_compute_bound(server: VllmServer) -> QueueRun:
     """COMPUTE_WAVES waves of long prompts with short answers."""
-    return await _run_queue(server, [compute_wave(w) for w in range(COMPUTE_WAVES)])
+    return await _run_queue(server, compute_wave, COMPUTE_WAVES, MAX_WAVES)
 
 
 async def run_batch_bound(server: VllmServer) -> QueueRun:
     """Short prompts with long answers, all at once."""
-    return await _run_queue(server, [batch_requests()])
+    return await _run_queue(server, batch_requests, 1, MAX_WAVES)
 
 
 def cold_server() -> VllmServer:
