@@ -657,6 +657,29 @@ async def complete_one(
     return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
 
 
+async def _wait_idle(
+    base: str,
+    get_metrics: Callable[[aiohttp.ClientSession], Awaitable[str]],
+    session: aiohttp.ClientSession,
+    caller: str,
+) -> str:
+    """/metrics once the server runs and queues nothing. A shared server may still be
+    finishing (or aborting) another drive's requests; they would hold KV blocks and move the
+    counters this run measures."""
+    text = await get_metrics(session)
+    try:
+        async with asyncio.timeout(IDLE_TIMEOUT_S):
+            while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
+                await asyncio.sleep(0.2)
+                text = await get_metrics(session)
+    except TimeoutError:
+        raise RuntimeError(
+            f"{base} still has {v[RUNNING]:g} running and {v[WAITING]:g} waiting requests "
+            f"after {IDLE_TIMEOUT_S:.0f}s; {caller} needs an idle server"
+        ) from None
+    return text
+
+
 async def drive(
     url: str,
     requests: Sequence[Request],
@@ -698,22 +721,6 @@ async def drive(
                 raise RuntimeError(f"GET {base}/metrics: HTTP {resp.status}: {body[:500]}")
             return body
 
-    async def wait_idle(session: aiohttp.ClientSession) -> str:
-        # A shared server may still be finishing (or aborting) another drive's requests; they
-        # would hold KV blocks and move the counters this run measures.
-        text = await get_metrics(session)
-        try:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
-                    await asyncio.sleep(0.2)
-                    text = await get_metrics(session)
-        except TimeoutError:
-            raise RuntimeError(
-                f"{base} still has {v[RUNNING]:g} running and {v[WAITING]:g} waiting requests "
-                f"after {IDLE_TIMEOUT_S:.0f}s; drive() needs an idle server"
-            ) from None
-        return text
-
     async def complete(session: aiohttp.ClientSession, index: int) -> None:
         req = requests[index]
         seed = index if req.prompt_seed is None else req.prompt_seed
@@ -749,7 +756,7 @@ async def drive(
     connector = aiohttp.TCPConnector(limit=concurrency + 2, force_close=True)
     try:
         async with aiohttp.ClientSession(connector=connector) as session, asyncio.timeout(bound):
-            start_text = await wait_idle(session)
+            start_text = await _wait_idle(base, get_metrics, session, "drive()")
             started_at = time.time()
             baseline = parse_sample(started_at, start_text, keep_text=keep_text)
             samples.append(baseline)
@@ -865,17 +872,7 @@ async def drive_ramp(
 
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
-        text = await get_metrics(session)
-        try:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                while (v := _sums(text, (RUNNING, WAITING)))[RUNNING] + v[WAITING] > 0:
-                    await asyncio.sleep(0.2)
-                    text = await get_metrics(session)
-        except TimeoutError:
-            raise RuntimeError(
-                f"{base} still has {v[RUNNING]:g} running and {v[WAITING]:g} waiting requests "
-                f"after {IDLE_TIMEOUT_S:.0f}s; drive_ramp() needs an idle server"
-            ) from None
+        text = await _wait_idle(base, get_metrics, session, "drive_ramp()")
         result.samples.append(parse_sample(time.time(), text))
         start = time.monotonic()
         next_at = start
