@@ -32,6 +32,7 @@ class Reading:
     preemptions: float | None  # what the sidecar itself has seen
     bottleneck: str | None  # the resource whose gauge reads 1
     load_headroom: float | None = None  # absent without traffic
+    vllm_up: float | None = None  # whether the sidecar's last poll of vLLM got an answer
 
     def row(self, since: float) -> str:
         def f(x: float | None, spec: str) -> str:
@@ -41,7 +42,8 @@ class Reading:
             f"{self.t - since:6.1f}s risk {f(self.risk, '.2f')} usage {f(self.usage, '.2f')} "
             f"running {f(self.running, 'g')} waiting {f(self.waiting, 'g')} "
             f"history {f(self.history, '.0f')}s preemptions {f(self.preemptions, 'g')} "
-            f"bottleneck {self.bottleneck or '-'} load headroom {f(self.load_headroom, '.2f')}"
+            f"bottleneck {self.bottleneck or '-'} load headroom {f(self.load_headroom, '.2f')} "
+            f"vllm up {f(self.vllm_up, 'g')}"
         )
 
 
@@ -60,6 +62,7 @@ def reading(t: float, text: str) -> Reading:
         preemptions=v("preemptions_total"),
         bottleneck=binding[0] if len(binding) == 1 else None,
         load_headroom=v("load_headroom_ratio"),
+        vllm_up=value(text, "kv_headroom_source_up", source="vllm"),
     )
 
 
