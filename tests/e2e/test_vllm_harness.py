@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -258,6 +259,20 @@ def test_the_bound_scale_knob_refuses_what_is_not_a_positive_number(
     monkeypatch.setenv(vllm_harness.BOUND_SCALE_ENV, "0")
     with pytest.raises(ValueError, match="must be above 0"):
         vllm_harness.bound_scale()
+
+
+def test_a_servers_session_is_lowered_as_a_whole_where_the_kernel_groups_by_session() -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        said = vllm_harness.lower_session(proc.pid, 10)
+        group = Path(f"/proc/{proc.pid}/autogroup")
+        if group.exists():
+            assert group.read_text().strip().endswith("nice 10"), said
+        else:
+            assert said == "no autogroup: nice alone"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 async def test_drive_wants_an_idle_server(
