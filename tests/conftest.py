@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 import pytest
 import structlog
 
+from tests.processes import withhold_harness_env
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
@@ -22,9 +24,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """A SIGTERM (a CI timeout, a ``kill``) ends the run as Ctrl-C does, so the fixtures'
     teardown still runs. The vLLM servers, sidecars and Prometheus the suite starts live
     in their own process groups, so a run killed outright leaves them running: five vLLM
-    servers outlived one killed run here and ate a later run's CPU for half an hour."""
+    servers outlived one killed run here and ate a later run's CPU for half an hour.
+
+    And before any test starts a sidecar with the environment it inherits, the harness's
+    own variables leave that environment (tests/processes.py)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupted)
+    withhold_harness_env()
 
 
 def require(problem: str | None) -> None:

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from tests import processes
 from tests.e2e import vllm_harness
 from tests.e2e.conftest import OverloadRun
 from tests.e2e.vllm_harness import (
@@ -259,6 +261,21 @@ def test_the_bound_scale_knob_refuses_what_is_not_a_positive_number(
     monkeypatch.setenv(vllm_harness.BOUND_SCALE_ENV, "0")
     with pytest.raises(ValueError, match="must be above 0"):
         vllm_harness.bound_scale()
+
+
+def test_a_harness_variable_set_for_the_session_reaches_the_harness_but_no_child(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(processes, "_WITHHELD", {})
+    monkeypatch.setenv(vllm_harness.VENV_ENV, str(tmp_path / "venv"))
+    processes.withhold_harness_env()
+    assert vllm_harness.VENV_ENV not in os.environ
+    assert vllm_harness.vllm_venv_path() == tmp_path / "venv"
+    child = subprocess.run(
+        [sys.executable, "-c", f"import os; print(os.environ.get({vllm_harness.VENV_ENV!r}))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert child.stdout.strip() == "None"
 
 
 def test_a_servers_session_is_lowered_as_a_whole_where_the_kernel_groups_by_session() -> None:

@@ -39,6 +39,8 @@ from typing import Any, Self
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.processes import harness_setting
+
 VLLM_VERSION = "0.32.0"
 VENV_ENV = "KV_HEADROOM_VLLM_VENV"
 KEEP_LOGS_ENV = "KV_HEADROOM_KEEP_VLLM_LOGS"
@@ -100,7 +102,7 @@ BOUND_SCALE_ENV = "KV_HEADROOM_E2E_BOUND_SCALE"
 
 
 def bound_scale() -> float:
-    raw = os.environ.get(BOUND_SCALE_ENV, "")
+    raw = harness_setting(BOUND_SCALE_ENV) or ""
     try:
         scale = float(raw) if raw else 1.0
     except ValueError:
@@ -188,7 +190,7 @@ def _vllm_importable(python: Path) -> bool:
 
 
 def vllm_venv_path() -> Path:
-    return Path(os.environ.get(VENV_ENV) or DEFAULT_VENV).expanduser()
+    return Path(harness_setting(VENV_ENV) or DEFAULT_VENV).expanduser()
 
 
 def ensure_vllm_venv(log: Callable[[str], None] = print) -> Path:
@@ -341,7 +343,7 @@ class VllmServer:
         self.kvcache_gib = kvcache_gib
         self.name = name
         self.start_timeout = start_timeout
-        self.keep_logs = os.environ.get(KEEP_LOGS_ENV) == "1" if keep_logs is None else keep_logs
+        self.keep_logs = harness_setting(KEEP_LOGS_ENV) == "1" if keep_logs is None else keep_logs
         self._log = log
         self.env = dict(env or {})
         # The KV cache's size in tokens the caller sized its workload for; start() fails
