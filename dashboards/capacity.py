@@ -12,6 +12,7 @@ from dashboards.lib.frame import frame
 from dashboards.lib.panels import stat, table, timeseries
 from dashboards.lib.queries import (
     INFO,
+    RUNWAY_MODEL,
     Q,
     agg,
     expected_and_observed,
@@ -19,6 +20,25 @@ from dashboards.lib.queries import (
     sel,
     with_model,
 )
+
+
+def _runway(name: str) -> str:
+    """A capacity-runway record (rules/kv-headroom.rules.yml) for the selected models."""
+    return f"{name}{{{RUNWAY_MODEL}}}"
+
+
+# The trend the runway extrapolates, as a line over the panel's range: the weekday peak
+# and growth of the range's end (`@ end()`), at the growth per week before and after it.
+# Read from the last value in 31 days, so a range that reaches past now (now-8w to
+# now+30d) draws it ahead to where it meets the capacity.
+FORECAST = (
+    f"last_over_time({_runway('model:kv_headroom_load:peak_now')}[31d] @ end())"
+    " + clamp_min(last_over_time("
+    f"{_runway('model:kv_headroom_load_growth:median3w_delta1w')}[31d] @ end()), 0)"
+    " * (time() - max_over_time(timestamp("
+    f"{_runway('model:kv_headroom_load:peak_now')})[31d:1h] @ end())) / 604800"
+)
+RUNWAY_TICKET_DAYS = 14  # VllmKvCacheRunwayShort
 
 
 def capacity() -> dashboard_m.Dashboard:
@@ -197,6 +217,62 @@ def capacity() -> dashboard_m.Dashboard:
                 [Q(ours("max", "kv_headroom_recommended_max_num_seqs"))],
                 span=24,
                 height=5,
+                decimals=0,
+            )
+        )
+        .with_row(dashboard_b.Row("Capacity runway (weeks ahead)"))
+        .with_panel(
+            timeseries(
+                "Weekday peak against capacity",
+                "Per model, over the last 8 weeks: the daily peak (the busiest hour of "
+                "each day) and the weekly peak, in pods' worth of traffic, against the "
+                "capacity the runway is measured against (the declared ceiling, else the "
+                "pods running now). The forecast is the weekday-peak trend the runway "
+                "extrapolates; set the range past now (now-8w to now+30d) to draw it ahead "
+                "to where it meets the capacity. The method needs five weeks of history "
+                "(docs/rules.md, capacity-runway).",
+                "short",
+                [
+                    Q(_runway("model:kv_headroom_load:max1d"), "{{model}} daily peak"),
+                    Q(_runway("model:kv_headroom_load:max1w"), "{{model}} weekly peak"),
+                    Q(_runway("model:kv_headroom_pods:capacity"), "{{model}} capacity"),
+                    Q(FORECAST, "{{model}} forecast"),
+                ],
+                span=14,
+                height=9,
+            ).time_from("8w")
+        )
+        .with_panel(
+            stat(
+                "Runway (days)",
+                "Days until each model's weekday peak reaches its capacity at the growth "
+                "of the last three weeks; VllmKvCacheRunwayShort opens a ticket under 14. "
+                "No value: the peak is not growing (flat, falling, a one-off step), or "
+                "there are under five weeks of history. What to do: rules/RUNBOOK.md.",
+                "d",
+                [Q(_runway("model:kv_headroom_runway_days"), "{{model}}")],
+                span=5,
+                height=9,
+                thresholds=((None, "red"), (RUNWAY_TICKET_DAYS, "yellow"), (30, "green")),
+                decimals=0,
+            )
+        )
+        .with_panel(
+            stat(
+                "Replicas needed in 30 days",
+                "The replicas each model's weekday peak will need 30 days from now at its "
+                "growth, at the same 1.5 target headroom as the replicas needed now (the "
+                "second figure), which is for today's traffic.",
+                "short",
+                [
+                    Q(
+                        _runway("model:kv_headroom_replicas_needed_in_30d:ceil"),
+                        "{{model}} in 30 d",
+                    ),
+                    Q(_runway("model:kv_headroom_replicas_needed:ceil"), "{{model}} now"),
+                ],
+                span=5,
+                height=9,
                 decimals=0,
             )
         )

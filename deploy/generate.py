@@ -20,6 +20,9 @@ sidecar-health alerts select ``up`` by (rules/generate.py says how; default
 ``job=~".*kv-headroom.*"``, which leaves the generated files as committed):
 
     python deploy/generate.py --sidecar-selector 'job="llm/kv-sidecar"'
+
+So is the capacity the runway is measured against, per model, where it is not the pods
+running now (an autoscaler's ceiling): ``--capacity-ceiling MODEL=PODS``, repeatable.
 """
 
 from __future__ import annotations
@@ -38,7 +41,14 @@ import yaml
 if __package__ in (None, ""):  # run as a script: the repository root holds rules/
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rules.generate import SIDECAR_SELECTOR, RenderError, add_selector_argument, render
+from rules.generate import (
+    SIDECAR_SELECTOR,
+    RenderError,
+    add_ceiling_argument,
+    add_selector_argument,
+    ceilings,
+    render,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes" / "generated"
@@ -120,7 +130,11 @@ def dashboard_files(dashboards_dir: Path) -> list[Path]:
     return sorted((p for p in dashboards_dir.glob("*.json") if p.is_file()), key=lambda p: p.name)
 
 
-def load_groups(path: Path, sidecar_selector: str = SIDECAR_SELECTOR) -> list[Any] | None:
+def load_groups(
+    path: Path,
+    sidecar_selector: str = SIDECAR_SELECTOR,
+    capacity_ceilings: dict[str, int] | None = None,
+) -> list[Any] | None:
     """The rule groups of a rule file, rendered with the sidecar selector (rules/generate.py);
     None for a promtool test file, which is not rules."""
     text = path.read_text(encoding="utf-8")
@@ -133,7 +147,12 @@ def load_groups(path: Path, sidecar_selector: str = SIDECAR_SELECTOR) -> list[An
     if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
         raise GenerateError(f"{_relative(path)}: expected a mapping with a list under 'groups'")
     try:
-        out = render(text, sidecar_selector=sidecar_selector, source=_relative(path))
+        out = render(
+            text,
+            sidecar_selector=sidecar_selector,
+            capacity_ceilings=capacity_ceilings,
+            source=_relative(path),
+        )
     except RenderError as e:
         raise GenerateError(str(e)) from None
     if out != text:
@@ -207,6 +226,7 @@ def generate(
     dashboards_dir: Path,
     runbook_base: str = RUNBOOK_BASE,
     sidecar_selector: str = SIDECAR_SELECTOR,
+    capacity_ceilings: dict[str, int] | None = None,
 ) -> list[Output]:
     """Every generated file, kustomization.yaml last; raises GenerateError on bad input."""
     outputs: list[Output] = []
@@ -222,7 +242,7 @@ def generate(
         outputs.append(Output(file_name, HEADER.format(source=_relative(source)) + _dump(obj)))
 
     for path in rule_files(rules_dir):
-        groups = load_groups(path, sidecar_selector)
+        groups = load_groups(path, sidecar_selector, capacity_ceilings)
         if groups is not None:
             groups = with_runbook_base(path, groups, runbook_base.rstrip("/"))
             add("prometheusrule", path, prometheus_rule(path, groups))
@@ -278,11 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         help="where alerts' runbook_url links point, before #<alert>; default: %(default)s",
     )
     add_selector_argument(parser)
+    add_ceiling_argument(parser)
     args = parser.parse_args(argv)
     try:
         outputs = generate(
-            args.rules, args.dashboards, args.runbook_base_url, args.sidecar_selector
+            args.rules,
+            args.dashboards,
+            args.runbook_base_url,
+            args.sidecar_selector,
+            ceilings(args.capacity_ceiling),
         )
+    except RenderError as e:
+        print(f"generate.py: {e}", file=sys.stderr)
+        return 2
     except GenerateError as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2

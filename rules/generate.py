@@ -1,6 +1,7 @@
 """Render the rule files for your site: ``rules/*.rules.yml`` are the rendering with the defaults.
 
     python rules/generate.py --out my-rules/ --sidecar-selector 'job="llm/kv-sidecar"'
+    python rules/generate.py --out my-rules/ --capacity-ceiling org/model-a=8 --capacity-ceiling b=4
 
 In the monitoring-mixin shape (kubernetes-mixin's ``_config`` selectors): what the rules
 cannot know about your Prometheus is a parameter with a default, and the committed files
@@ -14,9 +15,17 @@ parameters is the committed file byte for byte. The parameter:
     ``kv-headroom`` in its name, as a PodMonitor called ``kv-headroom`` gives. The sidecar's
     ``kv_headroom_*`` series and vLLM's ``vllm:*`` series need none: their names are theirs.
 
-``deploy/generate.py --sidecar-selector`` renders the PrometheusRules the same way. Every
-``up{...}`` in a rule file must be written with the default selector: one written otherwise
-would stay as written whatever the parameter says, so it is refused, naming file and line.
+``capacity_ceilings``
+    Per model, the pods the capacity runway is measured against where that is not the
+    pods running now: an autoscaler's replica ceiling, a GPU quota. The record
+    ``model:kv_headroom_pods:ceiling`` is written ``vector(1) < 0`` (nothing: every model
+    is measured against its pods now) and becomes one series per model declared,
+    ``label_replace(vector(PODS), "model", "MODEL", "", "")`` joined with ``or``.
+
+``deploy/generate.py --sidecar-selector`` and ``--capacity-ceiling`` render the
+PrometheusRules the same way. Every ``up{...}`` in a rule file must be written with the
+default selector: one written otherwise would stay as written whatever the parameter says,
+so it is refused, naming file and line.
 """
 
 from __future__ import annotations
@@ -29,12 +38,30 @@ from typing import Any
 
 import yaml
 
-__all__ = ["SIDECAR_SELECTOR", "RenderError", "main", "render", "rendered", "rule_files"]
+__all__ = [
+    "CEILING_RECORD",
+    "NO_CEILING",
+    "SIDECAR_SELECTOR",
+    "RenderError",
+    "ceiling_expr",
+    "main",
+    "parse_ceiling",
+    "render",
+    "rendered",
+    "rule_files",
+]
 
 HERE = Path(__file__).resolve().parent
 SIDECAR_SELECTOR = 'job=~".*kv-headroom.*"'
 # `up` and only `up`: kv_headroom_source_up{...} has a word character before "up".
 _UP = re.compile(r"\bup\{([^{}]*)\}")
+CEILING_RECORD = "model:kv_headroom_pods:ceiling"
+NO_CEILING = "vector(1) < 0"  # an empty vector: no model has a declared ceiling
+# The ceiling record as the committed file writes it; the one place the parameter lands.
+_CEILING = re.compile(
+    rf"^(?P<head>\s*- record: {re.escape(CEILING_RECORD)}\n\s*expr: ){re.escape(NO_CEILING)}$",
+    re.MULTILINE,
+)
 
 
 class RenderError(Exception):
@@ -53,6 +80,30 @@ def check_selector(selector: str) -> str:
     return selector
 
 
+def parse_ceiling(text: str) -> tuple[str, int]:
+    """``MODEL=PODS`` as (model, pods), or RenderError: the model as its sidecars report it
+    in kv_headroom_info{model}, the pods a whole number above 0."""
+    model, sep, pods = text.rpartition("=")
+    if not sep or not model:
+        raise RenderError(f"--capacity-ceiling {text!r}: give MODEL=PODS, e.g. org/model=8")
+    if any(c in model for c in '"\\\n{}'):
+        raise RenderError(f"--capacity-ceiling {text!r}: a model name without quotes or braces")
+    if not pods.isdigit() or int(pods) < 1:
+        raise RenderError(f"--capacity-ceiling {text!r}: PODS is a whole number of pods, 1 or more")
+    return model, int(pods)
+
+
+def ceiling_expr(ceilings: dict[str, int]) -> str:
+    """The expression of the ceiling record for these ceilings (NO_CEILING for none): what
+    the capacityCeilings Parameter of deploy/kubernetes takes, too."""
+    if not ceilings:
+        return NO_CEILING
+    return " or ".join(
+        f'label_replace(vector({pods}), "model", "{model}", "", "")'
+        for model, pods in sorted(ceilings.items())
+    )
+
+
 def _replaced(value: Any, selector: str) -> Any:
     """A loaded rule file with the selector replaced in every string, to check the text."""
     if isinstance(value, str):
@@ -64,7 +115,30 @@ def _replaced(value: Any, selector: str) -> Any:
     return value
 
 
-def render(text: str, *, sidecar_selector: str = SIDECAR_SELECTOR, source: str = "rules") -> str:
+def _with_ceilings(text: str, ceilings: dict[str, int], source: str) -> str:
+    """The text with the ceiling record's expression for these ceilings; refused when the
+    result does not load as exactly that expression."""
+    expr = ceiling_expr(ceilings)
+    out = _CEILING.sub(lambda m: m.group("head") + expr, text)
+    loaded = yaml.safe_load(out)
+    exprs = [
+        rule["expr"]
+        for group in loaded["groups"]
+        for rule in group["rules"]
+        if rule.get("record") == CEILING_RECORD
+    ]
+    if exprs != [expr]:
+        raise RenderError(f"{source}: --capacity-ceiling does not survive YAML unchanged")
+    return out
+
+
+def render(
+    text: str,
+    *,
+    sidecar_selector: str = SIDECAR_SELECTOR,
+    capacity_ceilings: dict[str, int] | None = None,
+    source: str = "rules",
+) -> str:
     """A rule file's text with the parameters applied; ``text`` itself for the defaults.
 
     The text is rewritten, not the loaded YAML, so comments and layout stay; the result is
@@ -77,6 +151,8 @@ def render(text: str, *, sidecar_selector: str = SIDECAR_SELECTOR, source: str =
                 f"{source}:{line}: up{{{m.group(1)}}} is not written up{{{SIDECAR_SELECTOR}}}, "
                 "so --sidecar-selector would not reach it"
             )
+    if capacity_ceilings and _CEILING.search(text):
+        text = _with_ceilings(text, capacity_ceilings, source)
     if sidecar_selector == SIDECAR_SELECTOR:
         return text
     check_selector(sidecar_selector)
@@ -98,13 +174,28 @@ def rule_files(rules_dir: Path = HERE) -> list[Path]:
     return sorted(rules_dir.glob("*.rules.yml"))
 
 
-def rendered(rules_dir: Path = HERE, *, sidecar_selector: str = SIDECAR_SELECTOR) -> dict[str, str]:
+def rendered(
+    rules_dir: Path = HERE,
+    *,
+    sidecar_selector: str = SIDECAR_SELECTOR,
+    capacity_ceilings: dict[str, int] | None = None,
+) -> dict[str, str]:
     """Each rule file's name and its rendered text."""
-    return {
-        path.name: render(
-            path.read_text(encoding="utf-8"), sidecar_selector=sidecar_selector, source=path.name
+    texts = {path.name: path.read_text(encoding="utf-8") for path in rule_files(rules_dir)}
+    if capacity_ceilings and not any(_CEILING.search(t) for t in texts.values()):
+        # Ceilings nothing would read are a mistake to say, not to drop.
+        raise RenderError(
+            f"--capacity-ceiling: no rule file in {rules_dir} records {CEILING_RECORD} "
+            f"as {NO_CEILING}"
         )
-        for path in rule_files(rules_dir)
+    return {
+        name: render(
+            text,
+            sidecar_selector=sidecar_selector,
+            capacity_ceilings=capacity_ceilings,
+            source=name,
+        )
+        for name, text in texts.items()
     }
 
 
@@ -117,14 +208,42 @@ def add_selector_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_ceiling_argument(parser: argparse.ArgumentParser) -> None:
+    """``--capacity-ceiling MODEL=PODS``, repeatable, as both generators take it."""
+    parser.add_argument(
+        "--capacity-ceiling",
+        action="append",
+        default=[],
+        metavar="MODEL=PODS",
+        help="the pods the capacity runway of MODEL is measured against (a replica ceiling, "
+        "a GPU quota); repeat per model; default: the pods running now",
+    )
+
+
+def ceilings(values: list[str]) -> dict[str, int]:
+    """The --capacity-ceiling values as {model: pods}; a model given twice is refused."""
+    out: dict[str, int] = {}
+    for value in values:
+        model, pods = parse_ceiling(value)
+        if model in out:
+            raise RenderError(f"--capacity-ceiling: {model!r} is given twice")
+        out[model] = pods
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rules", type=Path, default=HERE, help="default: rules/")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write them to")
     add_selector_argument(parser)
+    add_ceiling_argument(parser)
     args = parser.parse_args(argv)
     try:
-        files = rendered(args.rules, sidecar_selector=args.sidecar_selector)
+        files = rendered(
+            args.rules,
+            sidecar_selector=args.sidecar_selector,
+            capacity_ceilings=ceilings(args.capacity_ceiling),
+        )
     except RenderError as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2

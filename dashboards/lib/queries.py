@@ -28,6 +28,9 @@ INFO = f'kv_headroom_info{{{POD}, model=~"$model"}}'
 # vLLM's model_name is the served name, by default the path vLLM was given, while the
 # sidecar's model is the model directory's (or hub repo's) name: allow a leading path.
 VLLM = f'{POD}, model_name=~"(.*/)?$model"'
+# Per-model records (model:kv_headroom_*) carry model and nothing of the target: only the
+# model variable applies.
+RUNWAY_MODEL = 'model=~"$model"'
 # What identifies one sidecar (or one vLLM) target, in both service-discovery worlds.
 TARGET = ("job", "instance", "namespace", "pod")
 

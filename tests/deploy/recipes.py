@@ -96,6 +96,7 @@ CUSTOM = (
     ("release", "prom-stack"),
     ("runbookBaseUrl", "https://wiki.example.com/kv-headroom-runbook"),
     ("sidecarSelector", 'namespace="llm",job=~"llm/.*kv-headroom.*"'),
+    ("capacityCeilings", 'label_replace(vector(8), "model", "org/model-a", "", "")'),
 )
 
 

@@ -12,6 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rules.generate import CEILING_RECORD, ceiling_expr
 from tests.deploy.conftest import KUBERNETES, kubectl_problem, kustomize
 from tests.deploy.recipes import (
     CUSTOM,
@@ -52,6 +53,8 @@ def parameter_values(objects: list[dict[str, Any]]) -> dict[str, set[Any]]:
                         out["runbookBaseUrl"].add(url.partition("#")[0])
                     for text in (rule["expr"], *rule.get("annotations", {}).values()):
                         out["sidecarSelector"].update(UP.findall(text))
+                    if rule.get("record") == CEILING_RECORD:
+                        out["capacityCeilings"].add(rule["expr"])
         if kind == "PodMonitor":
             out["vllmPort"].add(spec["podMetricsEndpoints"][1]["targetPort"])
         if kind == "Service" and o["metadata"]["name"] == "vllm-kv-headroom":
@@ -142,3 +145,18 @@ def test_with_the_sidecar_selector_parameter_the_rules_alert_on_that_job(tmp_pat
     test_file.write_text(yaml.safe_dump(PROMTOOL_TESTS, sort_keys=False))
     result = promtool("test", "rules", test_file)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the capacity ceilings -----------------------------------------------------------------
+
+CEILINGS = {"org/model-a": 8, "model-b": 3}
+
+
+def test_the_capacity_ceilings_parameter_renders_what_deploy_generate_renders(
+    tmp_path: Path,
+) -> None:
+    # The Parameter takes the expression `--capacity-ceiling` writes: the same rules.
+    custom = rendered_rules(tmp_path / "kustomize", capacityCeilings=ceiling_expr(CEILINGS))
+    flags = [f"--capacity-ceiling={m}={n}" for m, n in CEILINGS.items()]
+    assert custom == generated_rules(tmp_path / "generate", *flags)
+    assert custom != generated_rules(tmp_path / "defaults")

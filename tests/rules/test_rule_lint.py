@@ -103,8 +103,16 @@ def test_annotation_queries_count_as_reads() -> None:
     assert "kv_headroom_recommended_max_num_seqs" in _read_by(rule)
 
 
+# Records with no operation to name: a figure of their own (days), not an aggregation of a
+# metric. The runway's name is the one issue 36 gave it, which dashboards and tickets quote.
+LEVEL_METRIC_ONLY = frozenset({"model:kv_headroom_runway_days"})
+
+
 @pytest.mark.parametrize("rule", records(), ids=_ids)
 def test_record_is_named_level_metric_operations(rule: Rule) -> None:
+    if rule.name in LEVEL_METRIC_ONLY:
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+", rule.name), rule.name
+        return
     assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule.name), rule.name
 
 
@@ -179,8 +187,15 @@ def test_alert_promtool_test_checks_every_annotation(rule: Rule) -> None:
         assert alert["exp_labels"]["severity"] == rule.body["labels"]["severity"]
 
 
+# Records the committed rules leave empty: the ceiling has a value only where the rules are
+# rendered with --capacity-ceiling, and tests/rules/test_runway.py checks it there.
+EMPTY_AS_COMMITTED = frozenset({"model:kv_headroom_pods:ceiling"})
+
+
 @pytest.mark.parametrize("rule", records(), ids=_ids)
 def test_record_has_a_promtool_test_of_its_value(rule: Rule) -> None:
+    if rule.name in EMPTY_AS_COMMITTED:
+        return
     exprs = {
         check["expr"].strip()
         for test in promtool_tests()
