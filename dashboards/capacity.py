@@ -39,6 +39,10 @@ FORECAST = (
     f"{_runway('model:kv_headroom_load:peak_now')})[31d:1h] @ end())) / 604800"
 )
 RUNWAY_TICKET_DAYS = 14  # VllmKvCacheRunwayShort
+# The runway row's panels: they read weeks of history (docs/rules.md#capacity-runway), so a
+# stack started minutes ago leaves them empty; tests/rules/test_runway_e2e.py runs them on
+# backfilled weeks instead.
+RUNWAY_PANELS = ("Weekday peak against capacity", "Runway (days)", "Replicas needed in 30 days")
 
 
 def capacity() -> dashboard_m.Dashboard:
@@ -223,7 +227,7 @@ def capacity() -> dashboard_m.Dashboard:
         .with_row(dashboard_b.Row("Capacity runway (weeks ahead)"))
         .with_panel(
             timeseries(
-                "Weekday peak against capacity",
+                RUNWAY_PANELS[0],
                 "Per model, over the last 8 weeks: the daily peak (the busiest hour of "
                 "each day) and the weekly peak, in pods' worth of traffic, against the "
                 "capacity the runway is measured against (the declared ceiling, else the "
@@ -244,7 +248,7 @@ def capacity() -> dashboard_m.Dashboard:
         )
         .with_panel(
             stat(
-                "Runway (days)",
+                RUNWAY_PANELS[1],
                 "Days until each model's weekday peak reaches its capacity at the growth "
                 "of the last three weeks; VllmKvCacheRunwayShort opens a ticket under 14. "
                 "No value: the peak is not growing (flat, falling, a one-off step), or "
@@ -259,7 +263,7 @@ def capacity() -> dashboard_m.Dashboard:
         )
         .with_panel(
             stat(
-                "Replicas needed in 30 days",
+                RUNWAY_PANELS[2],
                 "The replicas each model's weekday peak will need 30 days from now at its "
                 "growth, at the same 1.5 target headroom as the replicas needed now (the "
                 "second figure), which is for today's traffic.",

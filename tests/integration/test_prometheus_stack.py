@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.capacity import RUNWAY_PANELS
 from dashboards.generate import panel_queries, runnable
 from tests.conftest import require
 from tests.processes import ROOT, Prometheus, free_port
@@ -93,6 +94,8 @@ def test_preemption_imminent_fires_before_preempting(run: Run) -> None:
 def test_every_dashboard_panel_query_returns_data(run: Run) -> None:
     empty = []
     for board, panel, expr in panel_queries(ROOT / "dashboards"):
+        if panel in RUNWAY_PANELS:
+            continue  # weeks of history: tests/rules/test_runway_e2e.py
         if not run.prometheus.query(runnable(expr)):
             empty.append(f"{board} / {panel}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)

@@ -16,6 +16,9 @@ RULES_DIR = ROOT / "rules"
 RULE_FILES = tuple(sorted(RULES_DIR.glob("*.rules.yml")))
 TEST_FILES = tuple(sorted((RULES_DIR / "tests").glob("*.yml")))
 RUNBOOK = RULES_DIR / "RUNBOOK.md"
+# The group whose records need weeks of history (the capacity runway): empty in a stack
+# started minutes ago, checked on backfilled weeks by tests/rules/test_runway_e2e.py.
+HISTORY_GROUP = "kv-headroom.capacity"
 # Documented in RUNBOOK.md ("Using these rules"), which says how to replace it.
 RUNBOOK_BASE = "https://github.com/OWNER/vllm-kv-headroom/blob/main/rules/RUNBOOK.md"
 
