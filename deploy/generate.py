@@ -308,10 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             args.sidecar_selector,
             ceilings(args.capacity_ceiling),
         )
-    except RenderError as e:
-        print(f"generate.py: {e}", file=sys.stderr)
-        return 2
-    except GenerateError as e:
+    except (RenderError, GenerateError) as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2
     if args.check:

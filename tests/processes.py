@@ -185,6 +185,8 @@ class Prometheus(_Process):
     """Debian's ``prometheus`` with the project's rules, scraping the given targets."""
 
     name = "prometheus"
+    # --storage.tsdb.retention.time; None keeps Prometheus's default (15 days).
+    retention: str | None = None
 
     def __init__(
         self,
@@ -214,6 +216,7 @@ class Prometheus(_Process):
         self._spawn([
             "prometheus", f"--config.file={self.dir / 'prometheus.yml'}",
             f"--storage.tsdb.path={self.dir / 'data'}",
+            *([f"--storage.tsdb.retention.time={self.retention}"] if self.retention else []),
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--web.enable-lifecycle",
         ])  # fmt: skip

@@ -12,17 +12,17 @@ its existing history on the day it loads the rules (docs/rules.md#capacity-runwa
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import yaml
 
 from tests.processes import Prometheus
 from tests.promql import metric_names
 from tests.rules.runway_truths import HISTORY_DAYS, Truth
+from tests.rules.test_promtool import promtool
 
 JOB = "kv-headroom"
 SAMPLE_SECONDS = 300
@@ -106,20 +106,11 @@ class HistoricalPrometheus(Prometheus):
     """A Prometheus on a TSDB filled beforehand: no scraping, no rules, and a retention
     long enough to keep weeks-old blocks (the default 15 days would delete them)."""
 
+    retention = "10y"
+
     def __init__(self) -> None:
         super().__init__({}, rules=())
-        self.data = self.dir / "data"
-
-    def start(self, timeout: float = 60.0) -> Self:
-        self._spawn([
-            "prometheus", f"--config.file={self.dir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={self.data}", "--storage.tsdb.retention.time=10y",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-        ])  # fmt: skip
-        from tests.processes import wait_for
-
-        wait_for(self.url + "/-/ready", timeout, "prometheus", self.proc)
-        return self
+        self.data = self.dir / "data"  # where Prometheus.start keeps its TSDB
 
     def add_blocks(self, blocks: Path) -> int:
         """Moves the blocks under `blocks` into the TSDB; Prometheus must be stopped."""
@@ -128,15 +119,6 @@ class HistoricalPrometheus(Prometheus):
             shutil.move(str(block), self.data / block.name)
             moved += 1
         return moved
-
-
-def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    path = shutil.which("promtool")
-    assert path, "promtool is missing: install Debian's prometheus package (.ci/run does)"
-    return subprocess.run(
-        [path, *map(str, args)], capture_output=True, text=True, timeout=PROMTOOL_TIMEOUT_S,
-        check=False,
-    )  # fmt: skip
 
 
 def backfill(
@@ -156,8 +138,9 @@ def backfill(
     source = work / "series.om.txt"
     source.write_text(openmetrics(truths, end))
     result = promtool(
-        "tsdb", "create-blocks-from", "openmetrics", "-q", MAX_BLOCK, source, work / "raw"
-    )
+        "tsdb", "create-blocks-from", "openmetrics", "-q", MAX_BLOCK, source, work / "raw",
+        timeout=PROMTOOL_TIMEOUT_S,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     prom.data.mkdir(parents=True, exist_ok=True)
     prom.add_blocks(work / "raw")
@@ -170,7 +153,7 @@ def backfill(
         result = promtool(
             "tsdb", "create-blocks-from", "rules", "-q", MAX_BLOCK, f"--url={prom.url}",
             f"--start={start}", f"--end={end}", "--eval-interval=5m",
-            f"--output-dir={work / f'layer{i}'}", rules,
+            f"--output-dir={work / f'layer{i}'}", rules, timeout=PROMTOOL_TIMEOUT_S,
         )  # fmt: skip
         prom.stop()
         assert result.returncode == 0, result.stdout + result.stderr

@@ -11,13 +11,13 @@ import pytest
 from tests.rules.rulefiles import RULE_FILES, TEST_FILES
 
 
-def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def promtool(*args: str | Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     # A missing promtool fails the test rather than skipping it: a run without it must not
     # pass the rules unchecked (as in tests/dashboards/test_metric_lint.py).
     path = shutil.which("promtool")
     assert path, "promtool is missing: install Debian's prometheus package (.ci/run does)"
     return subprocess.run(
-        [path, *map(str, args)], capture_output=True, text=True, timeout=600, check=False
+        [path, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
