@@ -140,7 +140,9 @@ def _sidecar_key() -> str:
     return h.hexdigest()[:12]
 
 
-def _record(scenario: Any, interval: float) -> Recorded:
+def record_run(scenario: Any, interval: float, after: float | None = AFTER_PREEMPTION) -> Recorded:
+    """Replay ``scenario`` with the sidecar's poll pipeline and keep every input it handed
+    the risk model (until ``after`` seconds past the first preemption; None: to the end)."""
     seen: list[Inputs] = []
     real = assess
 
@@ -150,7 +152,7 @@ def _record(scenario: Any, interval: float) -> Recorded:
 
     setattr(snapshot, "assess", spy)  # noqa: B010 - the module's name for it, at run time
     try:
-        rep = replay(scenario, interval, after_preemption=AFTER_PREEMPTION)
+        rep = replay(scenario, interval, after_preemption=after)
     finally:
         setattr(snapshot, "assess", real)  # noqa: B010
     # The scenario's arrivals are the bulk of it and are re-drawn from the seed.
@@ -211,7 +213,7 @@ def run_one(args: tuple[int, float, bool]) -> FuzzRun:
                 rec = pickle.load(f)
         else:
             placed = family.Placed(d, _limit(record), record["multiple"])
-            rec = _record(placed.scenario(), interval)
+            rec = record_run(placed.scenario(), interval)
             path.parent.mkdir(parents=True, exist_ok=True)
             with gzip.open(path, "wb", compresslevel=3) as f:
                 pickle.dump(rec, f)

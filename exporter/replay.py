@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from exporter.config import Config
 from exporter.deployment import Deployment
 from exporter.poller import Poller, PollerDeps
+from exporter.simulator.engine import Engine
 from exporter.simulator.scenario import Scenario
 from exporter.simulator.simulation import Simulation
 from exporter.sources.vllm import ModelCard
@@ -43,6 +45,12 @@ class Tick:
     load_headroom_ratio: float | None = None  # None: no traffic to scale
     load_headroom_resource: str | None = None
     edge: float = 0.0  # the forecast occupancy over the capacity (the ticket's gauge)
+    # Blocks the work vLLM has admitted or queued still needs to finish (each request at
+    # its full length, as the simulator knows it; prefix sharing and releases ignored), and
+    # the free blocks: once the first exceeds the second an overload is visible to anyone
+    # who knew every request's length (issue 34's "earliest any rule could know").
+    blocks_needed: int = 0
+    blocks_free: int = 0
 
 
 def gauge_resource(value: object) -> str | None:
@@ -88,6 +96,16 @@ class _SimulatedClient:
 
     async def version(self) -> str:
         return self._sim.sizing.plan.request.release.label
+
+
+def _blocks_needed(engine: Engine) -> int:
+    """Blocks the running requests still need to reach their full length, and the waiting
+    ones need in all (vLLM's queue, preempted requests included)."""
+    bs = engine.config.block_size
+    return sum(
+        max(0, -(-(r.prompt_len + r.max_tokens) // bs) - r.held_blocks)
+        for r in itertools.chain(engine.running, engine.waiting)
+    )
 
 
 async def _replay(scenario: Scenario, interval: float, after_preemption: float | None) -> Replay:
@@ -138,6 +156,8 @@ async def _replay(scenario: Scenario, interval: float, after_preemption: float |
                 load_headroom_ratio=view.load_headroom_ratio if view else None,
                 load_headroom_resource=view.load_headroom_resource if view else None,
                 edge=risk.forecast_usage if risk else 0.0,
+                blocks_needed=_blocks_needed(sim.engine),
+                blocks_free=sim.engine.pool.num_free,
             )
         )
     await poller.close()

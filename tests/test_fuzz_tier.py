@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks import fuzz, fuzz_frontier
+from benchmarks import frontier_rules, fuzz, fuzz_frontier
 from exporter.risk.model import ALERT_THRESHOLD
 from exporter.simulator import family
 
@@ -111,3 +111,29 @@ def test_the_frontier_command_prints_every_rule_and_the_fitted_one(
         assert f"| `{name}` |" in out
     assert "| `fitted > 0.5` |" in out
     assert "abrupt-overload: 1 runs; the lowest usage" in out
+
+
+def test_a_fuzz_family_scores_the_shipped_page_as_the_tier_does(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    # The frontier's families regroup the tier's runs (safe hours by kind, every run that
+    # preempted as the set's overloads): the shipped page must read as the tier reads it.
+    light = next(f for f in fuzz_frontier.fuzz_families("dev", runs) if f.name.endswith("light"))
+    page = next(r for r in frontier_rules.shipped() if r.name == frontier_rules.PAGE)
+    scored = fuzz_frontier.score_family(light, page)
+    kinds = fuzz.score(runs)["kinds"]
+    assert scored.false_alarm is not None
+    assert round(scored.false_alarm, 2) == kinds["safe-light"]["false_alarm_minutes_per_safe_hour"]
+    assert scored.lead == kinds["abrupt-overload"]["median_lead_seconds"]
+    assert scored.recall == kinds["abrupt-overload"]["recall"]
+
+
+def test_an_abrupt_overload_is_visible_before_its_first_preemption(
+    runs: list[fuzz.FuzzRun],
+) -> None:
+    abrupt = next(r for r in runs if r.kind == "abrupt-overload")
+    assert abrupt.replay is not None
+    assert abrupt.replay.first_preemption_at is not None
+    seen = fuzz_frontier.visible_at(abrupt.replay.ticks)
+    assert seen is not None
+    assert seen < abrupt.replay.first_preemption_at

@@ -1,0 +1,71 @@
+"""The calibrated probability: a fresh engine reads the prior; what followed each score
+on this engine moves its band."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.risk import odds
+from exporter.risk.odds import Odds
+
+HORIZON = 180.0
+
+
+def _feed(o: Odds, start: float, seconds: float, score: float, counted: float = 0.0) -> float:
+    t = start
+    while t < start + seconds:
+        t += 2.0
+        o.observe(t, score, counted)
+    return t
+
+
+def test_a_fresh_engine_reads_the_prior_in_every_band() -> None:
+    o = Odds(HORIZON)
+    assert [o.probability(b + 0.01) for b in odds.BANDS] == list(odds.PRIOR)
+    assert list(odds.PRIOR) == sorted(odds.PRIOR)
+
+
+def test_high_scores_a_preemption_never_followed_lower_their_band() -> None:
+    o = Odds(HORIZON)
+    _feed(o, 0.0, 3600.0, 0.95)
+    assert o.probability(0.95) < odds.PRIOR[-1] / 2
+    assert o.probability(0.05) == odds.PRIOR[0]  # no poll there: the prior stands
+
+
+def test_a_counted_preemption_raises_the_band_of_the_polls_before_it() -> None:
+    o = Odds(HORIZON)
+    t = _feed(o, 0.0, 600.0, 0.95)
+    before = o.probability(0.95)
+    o.observe(t + 2.0, 0.95, 1.0)
+    assert o.probability(0.95) > before
+
+
+def test_polls_not_yet_past_their_horizon_are_not_judged() -> None:
+    o = Odds(HORIZON)
+    _feed(o, 0.0, HORIZON - 10.0, 0.95)
+    assert o.probability(0.95) == odds.PRIOR[-1]
+
+
+def test_the_probability_never_falls_as_the_score_rises() -> None:
+    o = Odds(HORIZON)
+    t = _feed(o, 0.0, 3600.0, 0.95)  # the top band learnt low, below the prior of 0.7-0.9
+    t = _feed(o, t, 300.0, 0.8)
+    o.observe(t + 2.0, 0.8, 1.0)
+    table = o.table()
+    assert table == sorted(table)
+
+
+def test_a_restarted_counter_is_not_a_preemption() -> None:
+    o = Odds(HORIZON)
+    t = _feed(o, 0.0, 600.0, 0.95, counted=5.0)
+    low = o.probability(0.95)
+    o.observe(t + 2.0, 0.95, 0.0)
+    assert o.probability(0.95) == pytest.approx(low, rel=0.05)
+
+
+def test_what_was_learnt_fades_with_the_half_life() -> None:
+    o = Odds(HORIZON)
+    t = _feed(o, 0.0, 1800.0, 0.95)
+    learnt = o.probability(0.95)
+    o.observe(t + 4 * odds.HALF_LIFE_SECONDS, 0.0, 0.0)
+    assert learnt < o.probability(0.95) < odds.PRIOR[-1]
