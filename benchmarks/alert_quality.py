@@ -9,7 +9,8 @@ sidecar's own poll pipeline watching it every 2 s. The simulator knows when vLLM
 preempted (not when its lagging counter said so) and why requests waited at every step.
 Rules are evaluated on the polled series with Prometheus's ``for:`` logic:
 
-* ``kv_headroom``                  ``kv_headroom_preemption_risk > 0.5`` (the shipped alert)
+* ``kv_headroom``                  the shipped page (``VllmKvCachePreemptionImminent``)
+* ``kv_headroom_warning``          the shipped warning (``VllmKvCachePreemptionLikely``)
 * ``usage_above_90_for_10m``       ``vllm:kv_cache_usage_perc > 0.9 for 10m``
 * ``usage_above_90``               ``vllm:kv_cache_usage_perc > 0.9``
 * ``preemption_in_last_5m``        ``increase(vllm:num_preemptions_total[5m]) > 0``
@@ -65,7 +66,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.library import builtin_names, load_scenario
 from exporter.log import configure
 from exporter.replay import Replay, Tick, replay
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, HORIZON
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    HORIZON,
+    WARNING_FOR_SECONDS,
+    WARNING_THRESHOLD,
+)
 from exporter.simulator.scenario import Scenario
 
 Condition = Callable[[list[Tick], int], bool]
@@ -97,11 +105,21 @@ def _recent_counted_increase(ticks: list[Tick], i: int, window: float = 300.0) -
 
 
 RULES = (
+    # The shipped page and warning, as rules/kv-headroom.rules.yml writes them.
     Rule(
         "kv_headroom",
-        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD} for {ALERT_FOR_SECONDS:g}s",
-        lambda ticks, i: ticks[i].preemption_risk > ALERT_THRESHOLD,
+        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and kv_headroom_kv_usage_ratio > "
+        f"{ALERT_USAGE:g} for {ALERT_FOR_SECONDS:g}s",
+        lambda ticks, i: (
+            ticks[i].preemption_risk > ALERT_THRESHOLD and ticks[i].usage > ALERT_USAGE
+        ),
         ALERT_FOR_SECONDS,
+    ),
+    Rule(
+        "kv_headroom_warning",
+        f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} for {WARNING_FOR_SECONDS:g}s",
+        lambda ticks, i: ticks[i].preemption_risk > WARNING_THRESHOLD,
+        WARNING_FOR_SECONDS,
     ),
     Rule(
         "usage_above_90_for_10m",
@@ -530,8 +548,9 @@ def render(result: dict[str, Any], runs: int, seeds: int, interval: float) -> st
     return "\n".join(out)
 
 
-COLORS = {"kv_headroom": "tab:red", "usage_above_90_for_10m": "tab:purple",
-          "usage_above_90": "tab:orange", "preemption_in_last_5m": "tab:gray"}  # fmt: skip
+COLORS = {"kv_headroom": "tab:red", "kv_headroom_warning": "gold",
+          "usage_above_90_for_10m": "tab:purple", "usage_above_90": "tab:orange",
+          "preemption_in_last_5m": "tab:gray"}  # fmt: skip
 TRUTH_COLORS = {"kv_cache": "tab:red", "max_num_seqs": "tab:purple", "compute": "tab:orange",
                 "stalled": "black", "none": "white"}  # fmt: skip
 

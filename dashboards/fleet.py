@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import prometheus as prometheus_m
 from dashboards.lib.frame import frame
 from dashboards.lib.panels import DATASOURCE, _targets, stat, timeseries
 from dashboards.lib.queries import INFO, Q, agg, named, sel, with_model
-from exporter.risk.model import ALERT_THRESHOLD
+from exporter.risk.model import ALERT_THRESHOLD, WARNING_THRESHOLD
 
 TARGET_HEADROOM = 1.5  # the recording rule model:kv_headroom_replicas_needed:ceil uses 1.5
 
@@ -162,13 +162,18 @@ def fleet_overview() -> dashboard_m.Dashboard:
         .with_panel(
             timeseries(
                 "Highest preemption risk per model",
-                "The worst pod's preemption risk (0-1); the alert "
-                "VllmKvCachePreemptionImminent fires above the line.",
+                "The worst pod's preemption risk (0-1); VllmKvCachePreemptionLikely warns "
+                "above the orange line, VllmKvCachePreemptionImminent pages above the red "
+                "one while the cache is over 60 % full.",
                 "percentunit",
                 [Q(by_model("max", agg("max", sel(RISK))), "{{model}}")],
                 span=12,
                 max_val=1,
-                thresholds=((None, "green"), (ALERT_THRESHOLD, "red")),
+                thresholds=(
+                    (None, "green"),
+                    (WARNING_THRESHOLD, "orange"),
+                    (ALERT_THRESHOLD, "red"),
+                ),
                 threshold_style=common_m.GraphThresholdsStyleMode.LINE,
             )
         )

@@ -24,9 +24,12 @@ from dashboards.lib.queries import (
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
     ALERT_THRESHOLD,
+    ALERT_USAGE,
     EDGE_FOR_SECONDS,
     EDGE_THRESHOLD,
     HORIZON,
+    WARNING_FOR_SECONDS,
+    WARNING_THRESHOLD,
 )
 
 # One hour: far enough ahead to act on, and a finite stand-in for the sidecar's +Inf.
@@ -53,7 +56,7 @@ def pressure() -> dashboard_m.Dashboard:
             result=dashboard_m.ValueMappingResult(text="> 1 h / not on this trend", color="green"),
         )
     )
-    risk_steps = ((None, "green"), (ALERT_THRESHOLD, "red"))
+    risk_steps = ((None, "green"), (WARNING_THRESHOLD, "orange"), (ALERT_THRESHOLD, "red"))
     exhaustion_steps = ((None, "red"), (60, "orange"), (180, "green"))
     running = named(agg("sum", sel("vllm:num_requests_running", base=VLLM)))
     return (
@@ -69,8 +72,9 @@ def pressure() -> dashboard_m.Dashboard:
             stat(
                 "Highest preemption risk",
                 f"The highest preemption-risk score among the selected pods. Above "
-                f"{ALERT_THRESHOLD} for {ALERT_FOR_SECONDS:g} s the shipped alert fires: the "
-                f"risk panel shows which pod.",
+                f"{WARNING_THRESHOLD} for {WARNING_FOR_SECONDS:g} s the warning fires; above "
+                f"{ALERT_THRESHOLD} with the cache over {ALERT_USAGE:.0%} full for "
+                f"{ALERT_FOR_SECONDS:g} s, the page: the risk panel shows which pod.",
                 "short",
                 [Q(worst_risk, "worst")],
                 thresholds=risk_steps,
@@ -130,9 +134,10 @@ def pressure() -> dashboard_m.Dashboard:
                 "Preemption risk",
                 f"Score 0–1 that vLLM preempts within about three minutes: forecast KV "
                 f"level (trend and waiting prompts) against capacity, capped by what "
-                f"max_num_seqs allows, and the running batch's overcommit. The line is the "
-                f"alert threshold ({ALERT_THRESHOLD}). Above it: shed or reroute load, lower "
-                f"--max-num-seqs, or add KV memory.",
+                f"max_num_seqs allows, and the running batch's overcommit. Orange from the "
+                f"warning ({WARNING_THRESHOLD}), red from the page ({ALERT_THRESHOLD}, with "
+                f"the cache over {ALERT_USAGE:.0%} full). Above them: shed or reroute load, "
+                f"lower --max-num-seqs, or add KV memory.",
                 "short",
                 [Q(ours("max", "kv_headroom_preemption_risk"))],
                 span=8,

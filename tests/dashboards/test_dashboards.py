@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from dashboards import generate
-from exporter.risk.model import ALERT_THRESHOLD, EDGE_THRESHOLD
+from exporter.risk.model import ALERT_THRESHOLD, EDGE_THRESHOLD, WARNING_THRESHOLD
 from tests.promql import metric_names
 
 Boards = dict[str, dict[str, Any]]
@@ -137,10 +137,12 @@ def test_every_query_is_filtered_by_the_model_variable() -> None:
         assert re.search(r'model(_name)?=~"[^"]*\$model"', expr), title
 
 
-def test_the_preemption_risk_panel_draws_the_alert_threshold_as_a_line(boards: Boards) -> None:
+def test_the_preemption_risk_panel_draws_the_warning_and_the_page_as_lines(
+    boards: Boards,
+) -> None:
     p = panel(boards, "Preemption risk")
     steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
-    assert [s["value"] for s in steps] == [None, ALERT_THRESHOLD]
+    assert [s["value"] for s in steps] == [None, WARNING_THRESHOLD, ALERT_THRESHOLD]
     assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] == "line"
     assert "kv_headroom_preemption_risk" in p["targets"][0]["expr"]
 

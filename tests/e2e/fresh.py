@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.risk.model import ALERT_THRESHOLD
+from exporter.risk.model import WARNING_THRESHOLD
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading
 from tests.e2e.vllm_harness import Request, RunResult, Sample, VllmServer, drive
@@ -133,7 +133,7 @@ class ColdStartRun:
                 r
                 for r in self.readings
                 if r.risk is not None
-                and r.risk > ALERT_THRESHOLD
+                and r.risk > WARNING_THRESHOLD
                 and r.preemptions == 0
                 and (first is None or r.t < first)
             ),
@@ -310,11 +310,11 @@ def cold_summary(run: ColdStartRun) -> str:
         return "cold start: the burst never made vLLM preempt"
     evicted = run.first_eviction
     lead = (
-        f"risk {warn.risk:.2f} > {ALERT_THRESHOLD} {first - warn.t:.1f} s before it "
+        f"risk {warn.risk:.2f} > {WARNING_THRESHOLD} {first - warn.t:.1f} s before it "
         + (f"and {evicted - warn.t:.1f} s before the first eviction " if evicted else "")
         + f"(history {warn.history:.0f} s)"
         if warn is not None and warn.risk is not None and warn.history is not None
-        else f"risk never above {ALERT_THRESHOLD} before it (at most {peak:.2f})"
+        else f"risk never above {WARNING_THRESHOLD} before it (at most {peak:.2f})"
     )
     return (
         f"cold start: burst {run.burst_at - run.sidecar_started:.0f} s after the sidecar "
@@ -330,7 +330,7 @@ def queue_summary(what: str, run: QueueRun, resource: str) -> str:
     named = sum(r.bottleneck == resource for r in run.settled)
     risk = max((r.risk for r in queued if r.risk is not None), default=float("nan"))
     since = run.sidecar_started
-    high = [r.t - since for r in queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    high = [r.t - since for r in queued if r.risk is None or r.risk >= WARNING_THRESHOLD]
     if high:
         risk_text = f"{risk:.2f} ({len(high)} readings from {high[0]:.0f} to {high[-1]:.0f} s)"
     else:

@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    WARNING_FOR_SECONDS,
+    WARNING_THRESHOLD,
+)
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading, value
 from tests.e2e.vllm_harness import (
@@ -128,13 +134,17 @@ def first_preemption(samples: Sequence[Sample]) -> float | None:
     return next((s.t for s in samples if s.preemptions > samples[0].preemptions), None)
 
 
-def alert_fired_at(series: Sequence[tuple[float, float]]) -> float | None:
-    """The shipped alert, Prometheus's for: included, on a (time, risk) series."""
+def alert_fired_at(
+    series: Sequence[tuple[float, float, float]], warning: bool = False
+) -> float | None:
+    """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
+    a (time, risk, usage) series."""
+    hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
     pending = None
-    for t, risk in series:
-        if risk > ALERT_THRESHOLD:
+    for t, risk, usage in series:
+        if risk > WARNING_THRESHOLD if warning else risk > ALERT_THRESHOLD and usage > ALERT_USAGE:
             pending = t if pending is None else pending
-            if t - pending >= ALERT_FOR_SECONDS:
+            if t - pending >= hold:
                 return t
         else:
             pending = None
@@ -156,7 +166,8 @@ class ArchRun:
     context_text: str = ""
     context_completions: list[tuple[float, int, int]] = field(default_factory=list)
     ramp: RampResult = field(default_factory=lambda: RampResult([]))
-    risk: list[tuple[float, float]] = field(default_factory=list)  # (time, preemption_risk)
+    # (time, preemption_risk, kv_usage_ratio): what the page and the warning read
+    risk: list[tuple[float, float, float]] = field(default_factory=list)
     readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
     unanswered: int = 0  # the watcher's reads of the sidecar that got no answer in time
@@ -172,7 +183,7 @@ class ArchRun:
     @property
     def safe_risk(self) -> list[float]:
         """The risk while one client ran, after its first 30 s (the probe just ended)."""
-        return [v for t, v in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
+        return [v for t, v, _u in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
 
     @property
     def preemptions(self) -> float:
@@ -288,9 +299,9 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
                 continue
             now = time.time()
             run.readings.append(reading(now, text))
-            risk = run.readings[-1].risk
+            risk, usage = run.readings[-1].risk, run.readings[-1].usage
             if risk is not None:
-                run.risk.append((now, risk))
+                run.risk.append((now, risk, usage or 0.0))
             if not run.context_text and first_preemption(run.ramp.samples) is not None:
                 run.context_text = text
                 run.context_completions = list(run.ramp.completions)
@@ -394,16 +405,17 @@ def summary(run: StackRun) -> str:
         tokens = value(a.sidecar_text, "kv_headroom_kv_capacity_tokens", source="observed")
         blocks = value(a.sidecar_text, "kv_headroom_kv_capacity_blocks", source="observed")
         expected = value(a.sidecar_text, "kv_headroom_kv_capacity_tokens", source="expected")
-        fired = alert_fired_at(a.risk)
+        fired, warned = alert_fired_at(a.risk), alert_fired_at(a.risk, warning=True)
         first = a.first_preemption
         lead = f"{first - fired:+.0f} s" if fired and first else "never"
+        early = f"{first - warned:+.0f} s" if warned and first else "never"
         imminent, preempting = run.first(IMMINENT, a), run.first(PREEMPTING, a)
         prom_lead = f"{preempting - imminent:+.0f} s" if imminent and preempting else "n/a"
         lines.append(
             f"{name}: capacity {tokens:,.0f} tokens in {blocks:,.0f} blocks (expected "
             f"{expected:,.0f}); risk while safe at most {max(a.safe_risk, default=0):.2f}; "
-            f"first preemption counted {first - a.started:.0f} s into the "
-            f"run, {a.preemptions:g} in all; risk alert {lead} before it; in Prometheus "
+            f"first preemption counted {first - a.started:.0f} s into the run, "
+            f"{a.preemptions:g} in all; page {lead} and warning {early} before it; in Prometheus "
             f"{IMMINENT} {prom_lead} before {PREEMPTING}; {a.unanswered} reads unanswered"
             if tokens is not None and blocks is not None and expected is not None and first
             else f"{name}: incomplete run"

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from exporter.risk.model import ALERT_THRESHOLD
+from exporter.risk.model import WARNING_THRESHOLD
 from tests.e2e.gauges import timeline, value
 from tests.e2e.stack import (
     ARCHITECTURES,
@@ -113,18 +113,25 @@ def test_the_risk_stays_below_the_threshold_while_the_load_is_safe(arch: ArchRun
     safe = arch.started + SAFE_S
     said = "sidecar's gauges, seconds into the run:\n" + timeline(arch.readings, arch.started, safe)
     assert arch.safe_risk
-    assert max(arch.safe_risk) < ALERT_THRESHOLD, said
-    # nor does the shipped alert (threshold held for its for:) fire at any time while safe
-    fired = alert_fired_at([(t, v) for t, v in arch.risk if t <= safe])
-    assert fired is None, said
+    assert max(arch.safe_risk) < WARNING_THRESHOLD, said
+    # nor does the page or the warning (threshold held for its for:) fire while safe
+    calm = [r for r in arch.risk if r[0] <= safe]
+    assert alert_fired_at(calm) is None, said
+    assert alert_fired_at(calm, warning=True) is None, said
 
 
-def test_the_risk_alert_fires_before_vllm_counts_its_first_preemption(arch: ArchRun) -> None:
+def test_the_page_fires_before_vllm_counts_its_first_preemption(arch: ArchRun) -> None:
     preempted = arch.first_preemption
     fired = alert_fired_at(arch.risk)
     assert preempted is not None, "the workload never made vLLM preempt"
-    assert fired is not None, f"risk never held above 0.5: {arch.risk[-40:]}"
+    assert fired is not None, f"the page's condition never held: {arch.risk[-40:]}"
     assert fired < preempted
+
+
+def test_the_warning_fires_before_the_page(arch: ArchRun) -> None:
+    warned, fired = alert_fired_at(arch.risk, warning=True), alert_fired_at(arch.risk)
+    assert warned is not None, f"risk never held above the warning: {arch.risk[-40:]}"
+    assert fired is None or warned <= fired
 
 
 def test_the_load_headroom_falls_below_one_before_vllm_counts_its_first_preemption(

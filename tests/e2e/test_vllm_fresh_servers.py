@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.risk.model import ALERT_THRESHOLD, TREND_MIN_SECONDS
+from exporter.risk.model import TREND_MIN_SECONDS, WARNING_THRESHOLD
 from tests.e2e.fresh import (
     BATCH_MAX_SEQS,
     BATCH_REQUESTS,
@@ -71,7 +71,7 @@ def test_the_cold_start_warning_says_it_rests_on_priors(cold_start: ColdStartRun
 def assert_calm(run: QueueRun) -> None:
     """No reading at or above the alert threshold while the sidecar saw requests wait."""
     assert run.queued, timeline(run)
-    high = [r for r in run.queued if r.risk is None or r.risk >= ALERT_THRESHOLD]
+    high = [r for r in run.queued if r.risk is None or r.risk >= WARNING_THRESHOLD]
     assert not high, timeline(run, high[-1].t + 10)
 
 

@@ -23,7 +23,7 @@ from dashboards.generate import panel_queries, runnable
 from tests.conftest import require
 from tests.processes import ROOT, Prometheus, free_port
 
-IMMINENT = "VllmKvCachePreemptionImminent"
+LIKELY = "VllmKvCachePreemptionLikely"
 PREEMPTING = "VllmKvCachePreempting"
 BOUND_S = 300.0  # the demo preempts at ~90 s; Prometheus then needs its rule evaluations
 
@@ -83,12 +83,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             demo.wait()
 
 
-def test_preemption_imminent_fires_before_preempting(run: Run) -> None:
+def test_the_preemption_warning_fires_before_preempting(run: Run) -> None:
+    # The early operating point: on the demo's burst the page (score and usage gate) comes
+    # only after vLLM preempts, as benchmarks/fuzz_frontier.py measures it on such bursts.
     fired = run.first_firing
     print(f"\nfirst firing (s after Prometheus started): {fired}")
     assert PREEMPTING in fired, f"{PREEMPTING} did not fire within {BOUND_S:.0f}s: {fired}"
-    assert IMMINENT in fired
-    assert fired[IMMINENT] < fired[PREEMPTING]
+    assert LIKELY in fired
+    assert fired[LIKELY] < fired[PREEMPTING]
 
 
 def test_every_dashboard_panel_query_returns_data(run: Run) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from exporter.risk.calibration import MIN_JUDGED_SECONDS, WINDOW_SECONDS, Calibration
-from exporter.risk.model import ALERT_THRESHOLD, Z_HALF, Inputs, Point, assess
+from exporter.risk.model import RISK_HALF, Z_HALF, Inputs, Point, assess
 
 HORIZON = 180.0
 EPOCH = (0, 10_000.0)
@@ -82,9 +82,9 @@ def near_full_inputs() -> Inputs:
 def test_a_past_whose_bursts_stayed_low_lowers_the_score() -> None:
     inputs = near_full_inputs()
     prior = assess(inputs).preemption_risk
-    assert prior > ALERT_THRESHOLD
+    assert prior > RISK_HALF
     judged = assess(dataclasses.replace(inputs, excursion=0.0)).preemption_risk
-    assert judged < ALERT_THRESHOLD
+    assert judged < RISK_HALF
 
 
 def test_a_past_that_swung_wider_than_the_prior_never_raises_the_score() -> None:

@@ -14,7 +14,7 @@ from exporter.risk.headroom import (
     prefill_share,
     rate_for_growth,
 )
-from exporter.risk.model import ALERT_THRESHOLD, IDLE, Z_HALF, Inputs, Point, Risk, assess
+from exporter.risk.model import IDLE, RISK_HALF, Z_HALF, Inputs, Point, Risk, assess
 from tests.risk.test_model import GENERATION, PROMPT, history, inputs
 
 
@@ -81,7 +81,7 @@ def test_the_ratio_is_below_one_exactly_when_the_risk_alerts(usage: float) -> No
     got = assess(given)
     h = load_headroom(got, given)
     assert h is not None
-    assert (h.ratio < 1) == (got.preemption_risk > ALERT_THRESHOLD)
+    assert (h.ratio < 1) == (got.preemption_risk > RISK_HALF)
 
 
 def test_a_batch_cap_that_fits_the_cache_leaves_only_the_batch_to_bind() -> None:

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 
 from exporter.capacity.histogram import Histogram
-from exporter.risk.model import ALERT_THRESHOLD, HORIZON, Inputs, Point, assess
+from exporter.risk.model import HORIZON, RISK_HALF, Inputs, Point, assess
 
 BOUNDS = (100.0, 200.0, 1000.0, 2000.0)
 
@@ -67,7 +67,7 @@ def test_a_full_cache_that_admission_control_caps_is_not_at_risk() -> None:
 def test_fast_growth_is_a_risk() -> None:
     # From 30 % to 80 % in five minutes: at this rate the cache is full in two.
     points = history(300, lambda t: 0.3 + 0.5 * t / 300, lambda t: 20 + 60 * t / 300)
-    assert assess(inputs(points)).preemption_risk > ALERT_THRESHOLD
+    assert assess(inputs(points)).preemption_risk > RISK_HALF
 
 
 def test_fast_growth_is_exhausted_when_its_forecast_crosses_the_top() -> None:
@@ -88,7 +88,7 @@ def test_a_forecast_below_the_top_is_not_exhausted_on_this_trend() -> None:
     points = history(360, lambda t: 0.05 + 0.06 * max(0.0, t - 300) / 60, lambda t: 5.0)
     risk = assess(inputs(points))
     assert risk.level_tokens < 84_000
-    assert risk.preemption_risk < ALERT_THRESHOLD
+    assert risk.preemption_risk < RISK_HALF
     assert risk.seconds_to_exhaustion > HORIZON
 
 
@@ -101,7 +101,7 @@ def test_noise_around_a_steady_level_is_no_risk() -> None:
     # A 2 s poll on a busy server: ±15 % swings around half full.
     jitter = random.Random(2)
     points = history(300, lambda t: 0.5 + jitter.uniform(-0.15, 0.15), lambda t: 30.0)
-    assert assess(inputs(points)).preemption_risk < ALERT_THRESHOLD / 2
+    assert assess(inputs(points)).preemption_risk < RISK_HALF / 2
 
 
 def test_traffic_that_stepped_up_and_then_held_is_no_trend() -> None:
@@ -114,7 +114,7 @@ def test_traffic_that_stepped_up_and_then_held_is_no_trend() -> None:
         lambda t: 0.0 if t < 100 else 0.5 + jitter.uniform(-0.05, 0.05),
         lambda t: 0.0 if t < 100 else 25.0,
     )
-    assert assess(inputs(points)).preemption_risk < ALERT_THRESHOLD
+    assert assess(inputs(points)).preemption_risk < RISK_HALF
 
 
 def test_a_ramp_that_keeps_rising_is_still_a_trend() -> None:
@@ -153,7 +153,7 @@ def test_a_batch_that_outgrows_the_free_space_is_a_risk_at_once() -> None:
     points = history(300, lambda t: 0.5 if t < 290 else 0.95, lambda t: 30.0 if t < 290 else 150.0)
     risk = assess(inputs(points))
     assert risk.overcommit_ratio > 2.0
-    assert risk.preemption_risk > ALERT_THRESHOLD
+    assert risk.preemption_risk > RISK_HALF
 
 
 def test_committed_tokens_are_the_running_sequences_mean_remaining_generation() -> None:
@@ -205,7 +205,7 @@ def test_a_burst_on_the_first_poll_is_a_risk_at_once() -> None:
     # waiting, nothing finished yet. The waiting ones will not fit: an opinion now, not 0.
     first = [Point(0.0, 0.6, 40.0, 40.0, 0.0, 0.0, 0, prompt=0.0)]
     risk = assess(inputs(first, max_num_seqs=256))
-    assert risk.preemption_risk > ALERT_THRESHOLD
+    assert risk.preemption_risk > RISK_HALF
     assert risk.history_seconds == 0
 
 
@@ -228,7 +228,7 @@ def test_a_prefill_bound_queue_on_a_fresh_server_is_not_counted_before_any_finis
     first = [Point(t, 0.1, 1.0, 63.0, 0.0, 0.0, 0, prompt=1500.0 * t) for t in (0.0, 2.0)]
     compute = dataclasses.replace(inputs(first), bottleneck="compute")
     blocks = dataclasses.replace(inputs(first), bottleneck="kv_cache")
-    assert assess(compute).preemption_risk < ALERT_THRESHOLD
+    assert assess(compute).preemption_risk < RISK_HALF
     assert assess(blocks).level_tokens > assess(compute).level_tokens
 
 
@@ -266,7 +266,7 @@ def test_a_burst_that_has_drained_leaves_no_risk_behind() -> None:
 
 
 def test_the_same_burst_is_a_risk_while_it_runs() -> None:
-    assert assess(inputs(burst_then_idle(170))).preemption_risk > ALERT_THRESHOLD
+    assert assess(inputs(burst_then_idle(170))).preemption_risk > RISK_HALF
 
 
 def long_requests_then_short(now: float) -> list[Point]:
@@ -290,8 +290,8 @@ def long_requests_then_short(now: float) -> list[Point]:
 def test_the_crash_of_swings_whose_requests_have_left_does_not_hold_the_risk_up() -> None:
     # 30 s after the long requests left, the arrival rate is unchanged, so only the fall in
     # requests resident says the swings' load has gone (before: risk 0.91 here).
-    assert assess(inputs(long_requests_then_short(280))).preemption_risk < ALERT_THRESHOLD
+    assert assess(inputs(long_requests_then_short(280))).preemption_risk < RISK_HALF
 
 
 def test_the_same_long_requests_are_a_risk_while_they_pile_up() -> None:
-    assert assess(inputs(long_requests_then_short(240))).preemption_risk > ALERT_THRESHOLD
+    assert assess(inputs(long_requests_then_short(240))).preemption_risk > RISK_HALF

@@ -1,14 +1,25 @@
-"""The shipped preemption alert is the one the risk model was calibrated for, and the
-running-at-the-edge ticket reads the model's own edge constants."""
+"""The shipped page and warning are the operating points the frontier chose (the model's
+constants, which the benchmarks score), and the running-at-the-edge ticket reads the
+model's own edge constants."""
 
 from __future__ import annotations
 
 import re
 
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, EDGE_FOR_SECONDS, EDGE_THRESHOLD
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    EDGE_FOR_SECONDS,
+    EDGE_THRESHOLD,
+    WARNING_FOR_SECONDS,
+    WARNING_THRESHOLD,
+)
 from tests.rules.rulefiles import Rule, alerts, seconds
 
 ALERT = "VllmKvCachePreemptionImminent"
+WARNING = "VllmKvCachePreemptionLikely"
+NUMBER = r"([0-9.eE+-]+)"
 EDGE = "VllmKvCacheRunningAtEdge"
 
 
@@ -17,14 +28,30 @@ def _rule(name: str = ALERT) -> Rule:
     return rule
 
 
-def test_preemption_alert_threshold_is_alert_threshold() -> None:
-    m = re.fullmatch(r"\s*kv_headroom_preemption_risk\s*>\s*([0-9.eE+-]+)\s*", _rule().expr)
+def test_the_page_is_the_score_above_alert_threshold_and_usage_above_alert_usage() -> None:
+    m = re.fullmatch(
+        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+"
+        rf"kv_headroom_kv_usage_ratio\s*>\s*{NUMBER}\s*",
+        _rule().expr,
+    )
     assert m, f"unexpected expression: {_rule().expr!r}"
-    assert float(m.group(1)) == ALERT_THRESHOLD
+    assert (float(m.group(1)), float(m.group(2))) == (ALERT_THRESHOLD, ALERT_USAGE)
 
 
 def test_preemption_alert_for_is_alert_for_seconds() -> None:
     assert seconds(_rule().body["for"]) == ALERT_FOR_SECONDS
+
+
+def test_the_warning_is_the_score_above_warning_threshold_for_its_seconds() -> None:
+    rule = _rule(WARNING)
+    m = re.fullmatch(rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s*", rule.expr)
+    assert m, f"unexpected expression: {rule.expr!r}"
+    assert float(m.group(1)) == WARNING_THRESHOLD
+    assert seconds(rule.body["for"]) == WARNING_FOR_SECONDS
+
+
+def test_the_warning_never_pages() -> None:
+    assert _rule(WARNING).body["labels"]["severity"] == "warning"
 
 
 def test_edge_ticket_threshold_is_edge_threshold() -> None:
