@@ -24,6 +24,13 @@ usage each overload run had over the 90 s before its first preemption, against t
 safe hours spend above it.
 
     python benchmarks/fuzz_frontier.py --fuzz 213 --seed 0 --fit 213 --fit-seed 100006
+
+With ``--families`` (issue 34) it scores the shipped page and warning, the score's other
+operating points and the plain PromQL rules (``benchmarks/frontier_rules.py``) on each
+traffic family separately (the dev and held-out hours' near-edge and light ones, the
+library's synthetic and real-traffic scenarios), prints what the written choice picks by
+the worst dev family and the bar family by family, and with ``--plot DIR`` draws one PNG
+per family (docs/risk-model.md#the-page-and-the-warning).
 """
 
 from __future__ import annotations
