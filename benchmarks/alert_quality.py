@@ -55,6 +55,7 @@ import os
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ from exporter.risk.model import (
     ALERT_FOR_SECONDS,
     ALERT_THRESHOLD,
     ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
     HORIZON,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
@@ -104,15 +106,53 @@ def _recent_counted_increase(ticks: list[Tick], i: int, window: float = 300.0) -
     return ticks[i].preemptions_counted > ticks[max(0, j - 1)].preemptions_counted
 
 
+def max_over_time(ticks: list[Tick], window: float) -> list[float]:
+    """``max_over_time(usage[window])`` at every poll (the sidecar's or vLLM's): the highest usage
+    among the samples in ``(t - window, t]`` (a monotone deque, so one pass)."""
+    out: list[float] = []
+    kept: deque[int] = deque()  # indices of decreasing usages, oldest first
+    for i, x in enumerate(ticks):
+        while kept and ticks[kept[-1]].usage <= x.usage:
+            kept.pop()
+        kept.append(i)
+        while ticks[kept[0]].t <= x.t - window:  # left-open, as a range selector is
+            kept.popleft()
+        out.append(ticks[kept[0]].usage)
+    return out
+
+
+def series_above(series: Callable[[list[Tick]], list[float]], th: float) -> Condition:
+    """A condition on a value worked out over a whole run (once per run's tick list)."""
+    memo: dict[int, tuple[list[Tick], list[float]]] = {}
+
+    def condition(ticks: list[Tick], i: int) -> bool:
+        held = memo.get(id(ticks))
+        if held is None or held[0] is not ticks:
+            held = (ticks, series(ticks))
+            memo.clear()  # one run at a time: the last run's values are not needed again
+            memo[id(ticks)] = held
+        return held[1][i] > th
+
+    return condition
+
+
+def _page_gate(ticks: list[Tick]) -> list[float]:
+    """The page's usage gate where its score holds, else -1: the page is this above
+    ALERT_USAGE."""
+    peak = max_over_time(ticks, ALERT_USAGE_WINDOW_SECONDS)
+    return [
+        m if t.preemption_risk > ALERT_THRESHOLD else -1.0 for t, m in zip(ticks, peak, strict=True)
+    ]
+
+
 RULES = (
     # The shipped page and warning, as rules/kv-headroom.rules.yml writes them.
     Rule(
         "kv_headroom",
-        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and kv_headroom_kv_usage_ratio > "
-        f"{ALERT_USAGE:g} for {ALERT_FOR_SECONDS:g}s",
-        lambda ticks, i: (
-            ticks[i].preemption_risk > ALERT_THRESHOLD and ticks[i].usage > ALERT_USAGE
-        ),
+        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and max_over_time("
+        f"kv_headroom_kv_usage_ratio[{ALERT_USAGE_WINDOW_SECONDS / 60:g}m]) > {ALERT_USAGE:g} "
+        f"for {ALERT_FOR_SECONDS:g}s",
+        series_above(_page_gate, ALERT_USAGE),
         ALERT_FOR_SECONDS,
     ),
     Rule(

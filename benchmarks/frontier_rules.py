@@ -18,11 +18,11 @@ too: a real Prometheus scraping every 15 s sees fewer samples, alike for all of 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.alert_quality import RULES, Condition, Rule
+from benchmarks.alert_quality import RULES, Condition, Rule, series_above
 from exporter.replay import Tick
 from exporter.risk.model import ALERT_FOR_SECONDS
 
@@ -60,21 +60,6 @@ def predict_linear(ticks: Sequence[Tick], window: float, horizon: float) -> list
         at_now = mean_v + slope * (t - mean_t)
         out = np.where(n >= 2, at_now + slope * horizon, np.nan)
     return [float(x) for x in out]
-
-
-def series_above(series: Callable[[Sequence[Tick]], list[float]], th: float) -> Condition:
-    """A condition on a value worked out over a whole run (once per run's tick list)."""
-    memo: dict[int, tuple[Sequence[Tick], list[float]]] = {}
-
-    def condition(ticks: Sequence[Tick], i: int) -> bool:
-        held = memo.get(id(ticks))
-        if held is None or held[0] is not ticks:
-            held = (ticks, series(ticks))
-            memo.clear()  # one run at a time: the last run's values are not needed again
-            memo[id(ticks)] = held
-        return held[1][i] > th
-
-    return condition
 
 
 def _predict_condition(window: float, horizon: float) -> Condition:

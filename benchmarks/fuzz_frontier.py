@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.alert_quality import Rule, episodes, lead
+from benchmarks.alert_quality import Rule, episodes, lead, max_over_time, series_above
 from benchmarks.fuzz import (
     BANDS,
     ROOT,
@@ -465,6 +465,17 @@ def _both(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th and ticks[i].usage > u
 
 
+def _both_recent(th: float, u: float, window: float) -> Callable[[list[Tick], int], bool]:
+    """The score above ``th`` and the cache above ``u`` at some sample of the last
+    ``window`` seconds: a gate a batch finishing between two evaluations does not reset."""
+
+    def gated(ticks: list[Tick]) -> list[float]:
+        peak = max_over_time(ticks, window)
+        return [m if t.preemption_risk > th else -1.0 for t, m in zip(ticks, peak, strict=True)]
+
+    return series_above(gated, u)
+
+
 def _either(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th or ticks[i].usage > u
 
@@ -474,7 +485,6 @@ def sidecar_rules() -> list[Rule]:
     each threshold; the score where the cache is already filling (``and`` vLLM's usage,
     which the sidecar exports as ``kv_headroom_kv_usage_ratio``, so the rule needs no join);
     the score or a high usage; and the score as this engine's past calibrates it."""
-    from benchmarks import frontier_rules
 
     hold = ALERT_FOR_SECONDS
     out = [Rule(f"risk > {th:g}", f"risk > {th:g}", above("preemption_risk", th), hold)
@@ -483,13 +493,18 @@ def sidecar_rules() -> list[Rule]:
         for u in PAIR_USAGE:
             name = f"risk > {th:g} and usage > {u:g}"
             out.append(Rule(name, name, _both(th, u), hold))
+    for th in PAIR_RISK[3:]:
+        for u in PAIR_USAGE:
+            for w in RECENT_WINDOWS:
+                name = f"risk > {th:g} and max_over_time(usage[{w:g}s]) > {u:g}"
+                out.append(Rule(name, name, _both_recent(th, u, w), hold))
     for th in PAIR_RISK:
         for u in PAIR_USAGE:
             name = f"risk > {th:g} or usage > {u:g}"
             out.append(Rule(name, name, _either(th, u), hold))
     out += [
         Rule(f"calibrated > {p:g}", f"calibrated > {p:g}",
-             frontier_rules.series_above(calibrated, p), hold)
+             series_above(calibrated, p), hold)
         for p in CALIBRATED_SWEEP
     ]  # fmt: skip
     return out
@@ -506,6 +521,10 @@ def candidate_rules() -> list[Rule]:
 RISK_SWEEP = (0.3, 0.5, 0.7, 0.9, 0.97, 0.99, 0.995, 0.999, 0.9995, 0.9999)
 PAIR_RISK = (0.5, 0.9, 0.97, 0.99, 0.995, 0.999)
 PAIR_USAGE = (0.5, 0.6, 0.7, 0.8)
+# The usage gate held over a window (the page's since stop 41): on a real vLLM the cache
+# empties by a batch's worth whenever requests finish, every 10-20 s under steady load, and
+# a gate read sample by sample resets the page's 15 s with it (tests/e2e/test_stack.py).
+RECENT_WINDOWS = (30.0, 60.0)
 CALIBRATED_SWEEP = (0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2)
 # The choice, written before the sweep was scored on the library (docs/risk-model.md):
 # the page keeps at most this many false-alarm minutes per safe hour in its worst family

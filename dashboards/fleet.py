@@ -164,7 +164,7 @@ def fleet_overview() -> dashboard_m.Dashboard:
                 "Highest preemption risk per model",
                 "The worst pod's preemption risk (0-1); VllmKvCachePreemptionLikely warns "
                 "above the orange line, VllmKvCachePreemptionImminent pages above the red "
-                "one while the cache is over 60 % full.",
+                "one while the cache was over 80 % full within the last minute.",
                 "percentunit",
                 [Q(by_model("max", agg("max", sel(RISK))), "{{model}}")],
                 span=12,

@@ -73,8 +73,8 @@ def pressure() -> dashboard_m.Dashboard:
                 "Highest preemption risk",
                 f"The highest preemption-risk score among the selected pods. Above "
                 f"{WARNING_THRESHOLD} for {WARNING_FOR_SECONDS:g} s the warning fires; above "
-                f"{ALERT_THRESHOLD} with the cache over {ALERT_USAGE:.0%} full for "
-                f"{ALERT_FOR_SECONDS:g} s, the page: the risk panel shows which pod.",
+                f"{ALERT_THRESHOLD} with the cache over {ALERT_USAGE:.0%} full within the last "
+                f"minute, for {ALERT_FOR_SECONDS:g} s, the page: the risk panel shows which pod.",
                 "short",
                 [Q(worst_risk, "worst")],
                 thresholds=risk_steps,
@@ -136,7 +136,7 @@ def pressure() -> dashboard_m.Dashboard:
                 f"level (trend and waiting prompts) against capacity, capped by what "
                 f"max_num_seqs allows, and the running batch's overcommit. Orange from the "
                 f"warning ({WARNING_THRESHOLD}), red from the page ({ALERT_THRESHOLD}, with "
-                f"the cache over {ALERT_USAGE:.0%} full). Above them: shed or reroute load, "
+                f"the cache over {ALERT_USAGE:.0%} full within a minute). Above them: shed or reroute load, "
                 f"lower --max-num-seqs, or add KV memory.",
                 "short",
                 [Q(ours("max", "kv_headroom_preemption_risk"))],

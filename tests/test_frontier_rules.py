@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from benchmarks import frontier_rules
+from benchmarks.alert_quality import max_over_time
 from exporter.replay import Tick
 from tests.rules.test_promtool import promtool
 
@@ -75,6 +76,46 @@ def test_predict_linear_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
     got = [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
     assert len(got) == len(expected), result.stdout + result.stderr
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_max_over_time_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
+    # The usage falling back between batches, as a real vLLM's does: the peak is held.
+    values = [0.7, 0.4, 0.8, 0.5, 0.45, 0.42, 0.41, 0.9, 0.3, 0.2, 0.25, 0.1, 0.15, 0.12]
+    ticks = _ticks(values)
+    cases, expected = [], []
+    for window in (5.0, 9.0, 13.0):  # off the samples' 2 s grid, as above
+        peak = max_over_time(ticks, window)
+        for i in range(len(values)):
+            cases.append(
+                {
+                    "expr": f"max_over_time(u[{window:g}s])",
+                    "eval_time": f"{ticks[i].t:g}s",
+                    "exp_samples": [{"labels": "{}", "value": -1}],
+                }
+            )
+            expected.append(peak[i])
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    (tmp_path / "t.yml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["none.yml"],
+                "evaluation_interval": "2s",
+                "tests": [
+                    {
+                        "interval": "2s",
+                        "input_series": [
+                            {"series": "u", "values": " ".join(repr(v) for v in values)}
+                        ],
+                        "promql_expr_test": cases,
+                    }
+                ],
+            }
+        )
+    )
+    result = promtool("test", "rules", tmp_path / "t.yml")
+    got = [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
+    assert len(got) == len(expected), result.stdout + result.stderr
+    assert got == expected
 
 
 def test_predict_linear_says_nothing_from_one_sample() -> None:

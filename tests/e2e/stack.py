@@ -28,6 +28,7 @@ from exporter.risk.model import (
     ALERT_FOR_SECONDS,
     ALERT_THRESHOLD,
     ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
 )
@@ -138,11 +139,17 @@ def alert_fired_at(
     series: Sequence[tuple[float, float, float]], warning: bool = False
 ) -> float | None:
     """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
-    a (time, risk, usage) series."""
+    a (time, risk, usage) series; the page's usage gate is the peak of the last
+    ALERT_USAGE_WINDOW_SECONDS, as its max_over_time reads it."""
     hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
     pending = None
-    for t, risk, usage in series:
-        if risk > WARNING_THRESHOLD if warning else risk > ALERT_THRESHOLD and usage > ALERT_USAGE:
+    for i, (t, risk, _) in enumerate(series):
+        if warning:
+            holds = risk > WARNING_THRESHOLD
+        else:
+            peak = max(u for s, _, u in series[: i + 1] if s > t - ALERT_USAGE_WINDOW_SECONDS)
+            holds = risk > ALERT_THRESHOLD and peak > ALERT_USAGE
+        if holds:
             pending = t if pending is None else pending
             if t - pending >= hold:
                 return t

@@ -10,6 +10,7 @@ from exporter.risk.model import (
     ALERT_FOR_SECONDS,
     ALERT_THRESHOLD,
     ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
     EDGE_FOR_SECONDS,
     EDGE_THRESHOLD,
     WARNING_FOR_SECONDS,
@@ -28,14 +29,18 @@ def _rule(name: str = ALERT) -> Rule:
     return rule
 
 
-def test_the_page_is_the_score_above_alert_threshold_and_usage_above_alert_usage() -> None:
+def test_the_page_is_the_score_above_alert_threshold_and_the_windows_usage_above_alert_usage() -> (
+    None
+):
     m = re.fullmatch(
         rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+"
-        rf"kv_headroom_kv_usage_ratio\s*>\s*{NUMBER}\s*",
+        rf"max_over_time\(kv_headroom_kv_usage_ratio\[(\w+)\]\)\s*>\s*{NUMBER}\s*",
         _rule().expr,
     )
     assert m, f"unexpected expression: {_rule().expr!r}"
-    assert (float(m.group(1)), float(m.group(2))) == (ALERT_THRESHOLD, ALERT_USAGE)
+    assert float(m.group(1)) == ALERT_THRESHOLD
+    assert seconds(m.group(2)) == ALERT_USAGE_WINDOW_SECONDS
+    assert float(m.group(3)) == ALERT_USAGE
 
 
 def test_preemption_alert_for_is_alert_for_seconds() -> None:
