@@ -136,8 +136,8 @@ def pressure() -> dashboard_m.Dashboard:
                 f"level (trend and waiting prompts) against capacity, capped by what "
                 f"max_num_seqs allows, and the running batch's overcommit. Orange from the "
                 f"warning ({WARNING_THRESHOLD}), red from the page ({ALERT_THRESHOLD}, with "
-                f"the cache over {ALERT_USAGE:.0%} full within a minute). Above them: shed or reroute load, "
-                f"lower --max-num-seqs, or add KV memory.",
+                f"the cache over {ALERT_USAGE:.0%} full within a minute). Above them: shed "
+                f"or reroute load, lower --max-num-seqs, or add KV memory.",
                 "short",
                 [Q(ours("max", "kv_headroom_preemption_risk"))],
                 span=8,
