@@ -45,6 +45,7 @@ from tests.e2e.vllm_harness import (
 from tests.processes import Prometheus, Sidecar
 
 IMMINENT = "VllmKvCachePreemptionImminent"
+LIKELY = "VllmKvCachePreemptionLikely"
 PREEMPTING = "VllmKvCachePreempting"
 SAFE_S = 60.0
 STEP_S = 20.0
@@ -332,7 +333,7 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
 
 
 async def _watch_alerts(prom: Prometheus, run: StackRun, stop: asyncio.Event) -> None:
-    ours = (IMMINENT, PREEMPTING)
+    ours = (IMMINENT, LIKELY, PREEMPTING)
     answers = _Answers("Prometheus /api/v1/alerts")
     while not stop.is_set():
         alerts = await answers.read(lambda: prom.api("alerts"), RuntimeError)
@@ -418,12 +419,15 @@ def summary(run: StackRun) -> str:
         early = f"{first - warned:+.0f} s" if warned and first else "never"
         imminent, preempting = run.first(IMMINENT, a), run.first(PREEMPTING, a)
         prom_lead = f"{preempting - imminent:+.0f} s" if imminent and preempting else "n/a"
+        likely = run.first(LIKELY, a)
+        prom_early = f"{preempting - likely:+.0f} s" if likely and preempting else "n/a"
         lines.append(
             f"{name}: capacity {tokens:,.0f} tokens in {blocks:,.0f} blocks (expected "
             f"{expected:,.0f}); risk while safe at most {max(a.safe_risk, default=0):.2f}; "
             f"first preemption counted {first - a.started:.0f} s into the run, "
             f"{a.preemptions:g} in all; page {lead} and warning {early} before it; in Prometheus "
-            f"{IMMINENT} {prom_lead} before {PREEMPTING}; {a.unanswered} reads unanswered"
+            f"{IMMINENT} {prom_lead} and {LIKELY} {prom_early} before {PREEMPTING}; "
+            f"{a.unanswered} reads unanswered"
             if tokens is not None and blocks is not None and expected is not None and first
             else f"{name}: incomplete run"
         )
