@@ -136,13 +136,16 @@ def series_above(series: Callable[[list[Tick]], list[float]], th: float) -> Cond
     return condition
 
 
-def _page_gate(ticks: list[Tick]) -> list[float]:
-    """The page's usage gate where its score holds, else -1: the page is this above
-    ALERT_USAGE."""
-    peak = max_over_time(ticks, ALERT_USAGE_WINDOW_SECONDS)
-    return [
-        m if t.preemption_risk > ALERT_THRESHOLD else -1.0 for t, m in zip(ticks, peak, strict=True)
-    ]
+def score_and_usage_peak(th: float, u: float, window: float) -> Condition:
+    """``kv_headroom_preemption_risk > th and max_over_time(usage[window]) > u``: the score
+    above ``th`` while the cache was above ``u`` at some sample of the last ``window``
+    seconds, a gate a batch finishing between two evaluations does not reset."""
+
+    def gated(ticks: list[Tick]) -> list[float]:
+        peak = max_over_time(ticks, window)
+        return [m if t.preemption_risk > th else -1.0 for t, m in zip(ticks, peak, strict=True)]
+
+    return series_above(gated, u)
 
 
 RULES = (
@@ -152,7 +155,7 @@ RULES = (
         f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and max_over_time("
         f"kv_headroom_kv_usage_ratio[{ALERT_USAGE_WINDOW_SECONDS / 60:g}m]) > {ALERT_USAGE:g} "
         f"for {ALERT_FOR_SECONDS:g}s",
-        series_above(_page_gate, ALERT_USAGE),
+        score_and_usage_peak(ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS),
         ALERT_FOR_SECONDS,
     ),
     Rule(

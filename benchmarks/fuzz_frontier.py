@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.alert_quality import Rule, episodes, lead, max_over_time, series_above
+from benchmarks.alert_quality import Rule, episodes, lead, score_and_usage_peak, series_above
 from benchmarks.fuzz import (
     BANDS,
     ROOT,
@@ -465,17 +465,6 @@ def _both(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th and ticks[i].usage > u
 
 
-def _both_recent(th: float, u: float, window: float) -> Callable[[list[Tick], int], bool]:
-    """The score above ``th`` and the cache above ``u`` at some sample of the last
-    ``window`` seconds: a gate a batch finishing between two evaluations does not reset."""
-
-    def gated(ticks: list[Tick]) -> list[float]:
-        peak = max_over_time(ticks, window)
-        return [m if t.preemption_risk > th else -1.0 for t, m in zip(ticks, peak, strict=True)]
-
-    return series_above(gated, u)
-
-
 def _either(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th or ticks[i].usage > u
 
@@ -497,7 +486,7 @@ def sidecar_rules() -> list[Rule]:
         for u in PAIR_USAGE:
             for w in RECENT_WINDOWS:
                 name = f"risk > {th:g} and max_over_time(usage[{w:g}s]) > {u:g}"
-                out.append(Rule(name, name, _both_recent(th, u, w), hold))
+                out.append(Rule(name, name, score_and_usage_peak(th, u, w), hold))
     for th in PAIR_RISK:
         for u in PAIR_USAGE:
             name = f"risk > {th:g} or usage > {u:g}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,6 +35,33 @@ def _ticks(values: list[float], step: float = 2.0) -> list[Tick]:
     ]  # fmt: skip
 
 
+def promtool_values(
+    tmp_path: Path, values: list[float], cases: list[dict[str, Any]]
+) -> list[float]:
+    """What promtool evaluates for each case on the series ``u`` (2 s apart): every case
+    expects -1, which none reads, so promtool fails it and prints the value it got."""
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    (tmp_path / "t.yml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["none.yml"],
+                "evaluation_interval": "2s",
+                "tests": [
+                    {
+                        "interval": "2s",
+                        "input_series": [
+                            {"series": "u", "values": " ".join(repr(v) for v in values)}
+                        ],
+                        "promql_expr_test": cases,
+                    }
+                ],
+            }
+        )
+    )
+    result = promtool("test", "rules", tmp_path / "t.yml")
+    return [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
+
+
 def test_predict_linear_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
     ticks = _ticks(USAGE)
     cases, expected = [], []
@@ -54,27 +82,8 @@ def test_predict_linear_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
                 }
             )
             expected.append(line[i])
-    (tmp_path / "none.yml").write_text("groups: []\n")
-    (tmp_path / "t.yml").write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": ["none.yml"],
-                "evaluation_interval": "2s",
-                "tests": [
-                    {
-                        "interval": "2s",
-                        "input_series": [
-                            {"series": "u", "values": " ".join(repr(v) for v in USAGE)}
-                        ],
-                        "promql_expr_test": cases,
-                    }
-                ],
-            }
-        )
-    )
-    result = promtool("test", "rules", tmp_path / "t.yml")
-    got = [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
-    assert len(got) == len(expected), result.stdout + result.stderr
+    got = promtool_values(tmp_path, USAGE, cases)
+    assert len(got) == len(expected), got
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
@@ -94,27 +103,8 @@ def test_max_over_time_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
                 }
             )
             expected.append(peak[i])
-    (tmp_path / "none.yml").write_text("groups: []\n")
-    (tmp_path / "t.yml").write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": ["none.yml"],
-                "evaluation_interval": "2s",
-                "tests": [
-                    {
-                        "interval": "2s",
-                        "input_series": [
-                            {"series": "u", "values": " ".join(repr(v) for v in values)}
-                        ],
-                        "promql_expr_test": cases,
-                    }
-                ],
-            }
-        )
-    )
-    result = promtool("test", "rules", tmp_path / "t.yml")
-    got = [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
-    assert len(got) == len(expected), result.stdout + result.stderr
+    got = promtool_values(tmp_path, values, cases)
+    assert len(got) == len(expected), got
     assert got == expected
 
 
