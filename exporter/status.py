@@ -18,13 +18,23 @@ from html import escape
 
 from exporter import __version__
 from exporter.config import Config
-from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD, HORIZON
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
+    EDGE_FOR_SECONDS,
+    EDGE_THRESHOLD,
+    HORIZON,
+    WARNING_FOR_SECONDS,
+    WARNING_THRESHOLD,
+)
 from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
 from exporter.trail import Trail, TrailPoint
 
 GIB = 1 << 30
-HIGH_RISK = 0.5  # the score at which the shipped warning alert starts its `for:`
+HIGH_RISK = WARNING_THRESHOLD  # the score at which the shipped warning starts its `for:`
 
 
 def _e(value: object) -> str:
@@ -61,6 +71,42 @@ def _bottleneck(v: EngineView) -> tuple[str | None, str]:
     """Read with getattr: the fields arrive with the bottleneck model, and this page must
     work with snapshots from before it as well as after."""
     return getattr(v, "bottleneck", None), str(getattr(v, "bottleneck_evidence", "") or "")
+
+
+def usage_peak(v: EngineView, snap: Snapshot, trail: Trail | None) -> float | None:
+    """vLLM's cache usage at its highest over the page's window, as the page's
+    ``max_over_time`` reads it: this poll and the trail's points inside the window."""
+    since = snap.time - ALERT_USAGE_WINDOW_SECONDS
+    seen = [p.kv_usage for p in (trail.points() if trail else ()) if p.time >= since]
+    values = [u for u in (*seen, v.kv_usage) if u is not None]
+    return max(values) if values else None
+
+
+def alerts_row(risk: float, peak: float | None) -> tuple[str, str, str]:
+    """Which of the shipped alerts' conditions hold now, from the same constants the rules
+    are written from, so on-call can tell a page coming from a warning that is only early."""
+    window = f"{ALERT_USAGE_WINDOW_SECONDS / 60:g} min"
+    peak_text = "–" if peak is None else f"{peak:.2f}"
+    page_now = risk > ALERT_THRESHOLD and peak is not None and peak > ALERT_USAGE
+    if page_now:
+        value = (
+            "page armed: VllmKvCachePreemptionImminent fires once this holds "
+            f"{ALERT_FOR_SECONDS:g} s"
+        )
+    elif risk > WARNING_THRESHOLD:
+        value = (
+            f"warning armed: VllmKvCachePreemptionLikely (never pages) fires once this holds "
+            f"{WARNING_FOR_SECONDS:g} s"
+        )
+    else:
+        value = "quiet: neither alert's condition holds"
+    why = (
+        f"the page: risk > {ALERT_THRESHOLD:g} (now {risk:.3f}) and the cache's peak over "
+        f"{window} > {ALERT_USAGE:g} (now {peak_text}), about a false-alarm minute per safe hour "
+        f"at most; the warning: risk > {WARNING_THRESHOLD:g}, earlier and noisier "
+        "(docs/risk-model.md#the-page-and-the-warning)"
+    )
+    return ("alerts", value, why)
 
 
 def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
@@ -132,6 +178,7 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         )
     rows = [
         ("preemption risk", risk_text, risk_why),
+        *([alerts_row(r.preemption_risk, usage_peak(v, snap, trail))] if r and not v.stale else []),
         ("forecast", forecast, forecast_why),
         ("load headroom", held, held_why),
         ("time to exhaustion", exhaustion, exhaustion_why),

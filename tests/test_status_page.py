@@ -21,12 +21,13 @@ from aiohttp.test_utils import TestServer
 from exporter.config import Config
 from exporter.demo_cli import sidecar_config, sidecar_deps
 from exporter.poller import Poller
+from exporter.risk.model import ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS
 from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.snapshot import Snapshot
 from exporter.snapshot import empty as snapshot_empty
 from exporter.sources.vllm import VllmClient
-from exporter.status import status_page
+from exporter.status import alerts_row, status_page, usage_peak
 from exporter.trail import Trail
 
 START = 1_800_000_000.0
@@ -248,3 +249,45 @@ def test_the_page_says_it_is_waiting_before_vllm_has_answered() -> None:
 
 def _empty_snapshot() -> Snapshot:
     return snapshot_empty(START, ())
+
+
+def test_the_alerts_row_says_the_page_is_armed_only_with_the_score_and_the_usage_peak_above() -> (
+    None
+):
+    assert alerts_row(ALERT_THRESHOLD + 0.005, ALERT_USAGE + 0.05)[1].startswith("page armed")
+    assert alerts_row(ALERT_THRESHOLD + 0.005, ALERT_USAGE - 0.05)[1].startswith("warning armed")
+    assert alerts_row(0.2, ALERT_USAGE + 0.1)[1].startswith("quiet")
+
+
+async def test_the_usage_peak_is_the_highest_reading_of_the_pages_window_only(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(240)
+    trail = Trail()
+    view = snap.engines[0]
+    old, recent = (
+        replace(snap, time=snap.time - ALERT_USAGE_WINDOW_SECONDS - 5),
+        replace(snap, time=snap.time - ALERT_USAGE_WINDOW_SECONDS + 5),
+    )
+    trail.add(replace(old, engines=(replace(view, kv_usage=0.97),)))
+    trail.add(replace(recent, engines=(replace(view, kv_usage=0.83),)))
+    now = replace(snap, engines=(replace(view, kv_usage=0.4),))
+    assert usage_peak(now.engines[0], now, trail) == 0.83
+
+
+async def test_the_alerts_row_goes_quiet_then_warning_then_page_before_the_demos_first_preemption(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    states: list[str] = []
+    while True:
+        snap = await stack.run(10)
+        html = stack.page()
+        m = re.search(r"<th>alerts</th><td>(page armed|warning armed|quiet)", html)
+        if m and (not states or states[-1] != m.group(1)):
+            states.append(m.group(1))
+        if snap.engines[0].preemptions_total > 0 or stack.now - START > 600:
+            break
+    assert html.index("preemption risk</th>") < html.index("<th>alerts</th>")
+    assert states == ["quiet", "warning armed", "page armed"]
