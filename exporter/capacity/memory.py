@@ -84,7 +84,14 @@ profile run; this module models them:
   0.79, whose log prints 1.04 GiB for the two against a counted 0.26), refit the same
   way by ``benchmarks/plan_accuracy.py``. llm-d's 0.19 H100 logs print estimates of
   0.84-1.39 GiB; club-3090 and GB10 logs print 0.09-0.36 and 2.43 GiB, so it varies with
-  the GPU and the captured sizes far more than one constant says.
+  the GPU and the captured sizes far more than one constant says. The V1 runner's
+  ``GPUModelRunner.profile_cudagraph_memory`` (vllm/v1/worker/gpu_model_runner.py, 0.18+)
+  charges the largest first capture plus, per mode, (graphs - 1) x the second capture, so
+  the estimate follows the graphs ``max_num_seqs`` makes it capture
+  (vllm/config/vllm.py::_set_cudagraph_sizes); the printed estimates in
+  tests/fixtures/sizing/cudagraph_estimates.csv bear that out, but run lower before 0.26
+  than these 0.26+ residuals, and a per-layer-and-graph count fitted to both failed issue
+  35's out-of-era bar (docs/plan.md), so the constant stays.
 
 ``benchmarks/plan_accuracy.py`` measures the error of the whole model.
 """
