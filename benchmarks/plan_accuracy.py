@@ -121,7 +121,8 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     # (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory), not computable
     # from the config: one GPU's starts that print their weights measure it as what the
     # weights, KV memory, the counted peak and the era's non-torch memory leave of the
-    # ceiling. A constant per GPU, the mean of those rows.
+    # ceiling. A constant per GPU, the mean of those rows. On a cold compile cache it also
+    # holds torch.compile's peak inside the profile run (memory.py), which no config sizes.
     graphs: list[float] = []
     for pt in points:
         if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:

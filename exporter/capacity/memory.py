@@ -69,20 +69,46 @@ profile run; this module models them:
   0.10.1.1, 0.18, 0.18 and 0.14; gpt-oss-120b TP4 under 0.10.1.1, 0.21) — the V0
   comm-buffer figure does not carry over. From 0.28 vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
-  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.26
-  GiB, the "consumed memory" less the weights of Llama-3.1-8B on an A100 under 0.31 (15.26
-  − 15.0), used for TP too (no 0.28+ TP row prints it). A PP stage's worker accounts like
-  one GPU's.
+  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.33
+  GiB, the mean of the "consumed memory" less the weights of the four 0.28+ starts that
+  print both (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0 = 0.26; Qwen3-14B and
+  -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192 batched tokens), used for TP
+  too (no 0.28+ TP row prints it). A PP stage's worker accounts like one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``. vLLM measures
   it by capturing graphs on a minimal KV cache
   (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory, 0.31), so it is not
-  computable from a config: a residual, 1.19 GiB per GPU, the mean of what weights, KV
-  memory, the counted peak and non-torch memory leave of the ceiling in the one-GPU 0.20+
-  starts that print their weights (Qwen3-14B and -AWQ on an L40S under 0.28: 1.35, 1.37;
-  Llama-3.1-8B on an A100 under 0.31: 1.23, whose log prints transient peak plus estimate
+  computable from a config: a residual, 1.30 GiB per GPU, the mean of what weights, KV
+  memory, the counted peak and non-torch memory leave of the ceiling in the eight one-GPU
+  0.20+ starts that print their weights, three families (Qwen3-14B and -AWQ on an L40S
+  under 0.28: 1.28, 1.30; under 0.29: 1.79, 1.84, and 1.46 with 8,192 batched tokens;
+  Llama-3.1-8B on an A100 under 0.31: 1.16, whose log prints transient peak plus estimate
   as 1.44 GiB against a counted 0.21 GiB peak; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26:
-  0.79, whose log prints 1.04 GiB for the two against a counted 0.26), refit the same
-  way by ``benchmarks/plan_accuracy.py``. llm-d's 0.19 H100 logs print estimates of
+  0.79, whose log prints 1.04 GiB for the two against a counted 0.26; Qwen2.5-7B on an
+  RTX 4090 under 0.24: 0.79, printed estimate 0.53), refit the same way by
+  ``benchmarks/plan_accuracy.py``. It holds more than graphs: the 0.29 starts print their
+  estimate (0.51-0.60 GiB) and a torch transient of 1.48, 1.48 and 1.60 GiB where the
+  forward pass and the V2 sampler count 0.26 (1.03 at 8,192 tokens). Model Runner V2's
+  profile run holds nothing else that a config sizes (0.24-0.31,
+  vllm/v1/worker/gpu/model_runner.py: ``profile_run`` -> ``_dummy_run(max_num_tokens,
+  skip_attn=True, is_profile=True)``, no CUDA graph, no attention metadata, its ``InputBatch``
+  views into the ``InputBuffers`` allocated in ``__init__``; then ``_dummy_sampler_run``:
+  ``compute_logits`` on one row per request and the in-place sampler above; the sampler,
+  structured-output and prompt-logprob states are allocated in ``load_model``, before the
+  window). The rest is the first call of the ``support_torch_compile`` model
+  (vllm/compilation/decorators.py, ``__call__``, 0.29): on an empty compile cache
+  Dynamo, Inductor's compile and autotuning (vllm/config/compilation.py, 0.29, turns on
+  ``combo_kernels`` and ``benchmark_combo_kernel`` by default) and the AOT artifact's save
+  run inside ``profile_run``, inside ``memory_profiling``, and nothing resets the peak
+  before the profiling forward; from
+  0.28 (vllm/utils/mem_utils.py::memory_profiling, ``transient_peak_headroom = peak −
+  allocated after``) that high-water mark is charged as activation. The 0.29 Qwen3-14B log
+  shows the cold path ("Compiling a graph for compile range (1, 2048) takes 27.01 s",
+  "saved AOT compiled function", "Initial profiling/warmup run took 0.64 s"); vLLM issues
+  54122 and 54383 (PRs 54209, 54479, open) report warm restarts of the same start getting
+  back 0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more. It depends on the compile
+  cache's state, not on the config, so no count is possible: it stays in this residual,
+  which therefore describes cold starts (a warm restart keeps up to about 1.2 GiB more KV
+  memory than planned). llm-d's 0.19 H100 logs print estimates of
   0.84-1.39 GiB; club-3090 and GB10 logs print 0.09-0.36 and 2.43 GiB, so it varies with
   the GPU and the captured sizes far more than one constant says. The V1 runner's
   ``GPUModelRunner.profile_cudagraph_memory`` (vllm/v1/worker/gpu_model_runner.py, 0.18+)
@@ -126,7 +152,7 @@ class OverheadModel:
     sampler_v2_bytes: float = 0.0  # Model Runner V2: the logits are sampled as they are
     sampler_v2_copy_bytes: float = 4.0  # ... but 0.22-0.25 copy them to fp32 first
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    cuda_graph: int = int(1.19 * GIB)  # a residual with its rows (see above)
+    cuda_graph: int = int(1.30 * GIB)  # a residual with its rows (see above)
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -140,13 +166,13 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 28, 0), int(0.26 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 28, 0), int(0.33 * GIB)),  # total_consumed less the weights (see above)
         ((0, 8, 0), int(0.055 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 28, 0), int(0.26 * GIB)),
+        ((0, 28, 0), int(0.33 * GIB)),
         ((0, 8, 0), int(0.187 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),

@@ -72,6 +72,28 @@ def test_a_held_out_era_is_predicted_without_its_own_rows() -> None:
     assert newest_single == dict(plan_accuracy.PRIOR.non_torch_single_by_era)[(0, 28, 0)]
 
 
+def test_the_shipped_residuals_are_the_refit_on_every_gpu_start() -> None:
+    # The documented procedure: the two residuals (non-torch memory per era, the 0.20+
+    # CUDA-graph constant) ship as the refit on every GPU start of the fixture, to the
+    # two decimals of GiB the docs give; a row added without refitting fails here.
+    from benchmarks.sizing_points import load_points
+    from exporter.capacity.gpus import GIB
+    from exporter.capacity.memory import OverheadModel
+
+    plan_accuracy.load_notes()
+    points = [p for p in load_points() if not p.kv_memory_set]
+    refit, shipped = plan_accuracy.fit(points, plan_accuracy.PRIOR), OverheadModel()
+
+    def gib(value: int) -> float:
+        return round(value / GIB, 2)
+
+    assert gib(refit.cuda_graph) == gib(shipped.cuda_graph)
+    for table in ("non_torch_single_by_era", "non_torch_tp_by_era"):
+        assert [(since, gib(b)) for since, b in getattr(refit, table)] == [
+            (since, gib(b)) for since, b in getattr(shipped, table)
+        ]
+
+
 def test_every_exactness_row_is_reproduced_and_cpu_rows_stay_out_of_the_error_figures(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
