@@ -57,6 +57,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks import alert_quality
 from benchmarks.alert_quality import Rule, episodes, lead, score_and_usage_peak, series_above
 from benchmarks.fuzz import (
     BANDS,
@@ -69,7 +70,13 @@ from benchmarks.fuzz import (
     run_fuzz,
 )
 from exporter.replay import Replay, Tick
-from exporter.risk.model import ALERT_FOR_SECONDS, ALERT_THRESHOLD, HORIZON
+from exporter.risk.model import (
+    ALERT_FOR_SECONDS,
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
+    HORIZON,
+)
 from exporter.risk.odds import Odds
 
 SAFE = ("safe-near-edge", "safe-light")
@@ -482,8 +489,8 @@ def sidecar_rules() -> list[Rule]:
         for u in PAIR_USAGE:
             name = f"risk > {th:g} and usage > {u:g}"
             out.append(Rule(name, name, _both(th, u), hold))
-    for th in PAIR_RISK[3:]:
-        for u in PAIR_USAGE:
+    for th in PAIR_RISK:
+        for u in (*WARNING_USAGE, *PAIR_USAGE) if th < 0.99 else PAIR_USAGE:
             for w in RECENT_WINDOWS:
                 name = f"risk > {th:g} and max_over_time(usage[{w:g}s]) > {u:g}"
                 out.append(Rule(name, name, score_and_usage_peak(th, u, w), hold))
@@ -499,12 +506,51 @@ def sidecar_rules() -> list[Rule]:
     return out
 
 
+def scraped_score_and_usage_peak(
+    th: float, u: float, window: float, every: float
+) -> alert_quality.Condition:
+    """``score_and_usage_peak`` as a Prometheus scraping every ``every`` seconds reads it:
+    the score held from its last scrape, the usage's peak over the scrapes inside the
+    window only (the benchmark polls every 2 s; the ServiceMonitor scrapes every 15 s, so
+    a 1-minute peak sees four samples, and a batch's worth of usage between two scrapes is
+    never seen)."""
+
+    def gated(ticks: list[Tick]) -> list[float]:
+        out: list[float] = []
+        scraped: list[Tick] = []
+        for x in ticks:
+            if not scraped or math.floor(x.t / every) != math.floor(scraped[-1].t / every):
+                scraped.append(x)
+            recent = [s.usage for s in scraped[-int(window / every) - 2 :] if s.t > x.t - window]
+            out.append(max(recent) if scraped[-1].preemption_risk > th else -1.0)
+        return out
+
+    return series_above(gated, u)
+
+
+def scrape_rules() -> list[Rule]:
+    """The shipped page as 15-s and 30-s scrapes see it: a measurement, not a candidate."""
+    hold = ALERT_FOR_SECONDS
+    return [
+        Rule(
+            f"page at {every:g}-s scrapes", f"page at {every:g}-s scrapes",
+            scraped_score_and_usage_peak(
+                ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS, every
+            ),
+            hold,
+        )
+        for every in (15.0, 30.0)
+    ]  # fmt: skip
+
+
 def candidate_rules() -> list[Rule]:
-    """The shipped page and warning, the sidecar's other operating points, and the plain
-    rules an SRE would write without it."""
+    """The shipped page and warning, the page as Prometheus's scrapes see it, the sidecar's
+    other operating points, and the plain rules an SRE would write without it."""
     from benchmarks import frontier_rules
 
-    return [*frontier_rules.shipped(), *sidecar_rules(), *frontier_rules.plain()]
+    return [
+        *frontier_rules.shipped(), *scrape_rules(), *sidecar_rules(), *frontier_rules.plain()
+    ]  # fmt: skip
 
 
 RISK_SWEEP = (0.3, 0.5, 0.7, 0.9, 0.97, 0.99, 0.995, 0.999, 0.9995, 0.9999)
@@ -514,6 +560,9 @@ PAIR_USAGE = (0.5, 0.6, 0.7, 0.8)
 # empties by a batch's worth whenever requests finish, every 10-20 s under steady load, and
 # a gate read sample by sample resets the page's 15 s with it (tests/e2e/test_stack.py).
 RECENT_WINDOWS = (30.0, 60.0)
+# Lower gates for the warning's candidates (a score below 0.99 with the cache's recent
+# peak): the warning needs recall, so it cannot wait for the cache to be half full.
+WARNING_USAGE = (0.3, 0.4)
 CALIBRATED_SWEEP = (0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2)
 # The choice, written before the sweep was scored on the library (docs/risk-model.md):
 # the page keeps at most this many false-alarm minutes per safe hour in its worst family

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks import frontier_rules
-from benchmarks.alert_quality import max_over_time
+from benchmarks import frontier_rules, fuzz_frontier
+from benchmarks.alert_quality import max_over_time, score_and_usage_peak
 from exporter.replay import Tick
 from tests.rules.test_promtool import promtool
 
@@ -131,3 +131,25 @@ def test_the_preemption_rate_rule_fires_only_above_one_a_second() -> None:
     rule = next(r for r in frontier_rules.plain() if r.name == "llm-d HighPreemptions")
     assert not any(rule.condition(at_one, i) for i in range(len(at_one)))
     assert rule.condition(at_two, len(at_two) - 1)
+
+
+def _risky(usages: list[float]) -> list[Tick]:
+    return [replace(t, preemption_risk=1.0) for t in _ticks(usages)]
+
+
+def test_the_page_scraped_every_poll_reads_as_the_page_itself() -> None:
+    ticks = _risky([0.5, 0.9, 0.4, 0.5, 0.85, 0.3] * 10)
+    every_poll = fuzz_frontier.scraped_score_and_usage_peak(0.99, 0.8, 60.0, 2.0)
+    page = score_and_usage_peak(0.99, 0.8, 60.0)
+    assert [every_poll(ticks, i) for i in range(len(ticks))] == [
+        page(ticks, i) for i in range(len(ticks))
+    ]
+
+
+def test_a_usage_peak_between_two_scrapes_is_not_seen_by_the_scraped_page() -> None:
+    # Polls every 2 s; the usage passes 0.8 only at t = 8 s, between the 0- and 15-s scrapes.
+    ticks = _risky([0.5, 0.5, 0.5, 0.5, 0.9, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    scraped = fuzz_frontier.scraped_score_and_usage_peak(0.99, 0.8, 60.0, 15.0)
+    page = score_and_usage_peak(0.99, 0.8, 60.0)
+    assert page(ticks, len(ticks) - 1)
+    assert not any(scraped(ticks, i) for i in range(len(ticks)))
