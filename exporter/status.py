@@ -102,8 +102,8 @@ def alerts_row(risk: float, peak: float | None) -> tuple[str, str, str]:
         value = "quiet: neither alert's condition holds"
     why = (
         f"the page: risk > {ALERT_THRESHOLD:g} (now {risk:.3f}) and the cache's peak over "
-        f"{window} > {ALERT_USAGE:g} (now {peak_text}), about a false-alarm minute per safe hour "
-        f"at most; the warning: risk > {WARNING_THRESHOLD:g}, earlier and noisier "
+        f"{window} > {ALERT_USAGE:g} (now {peak_text}), the quieter and later one; "
+        f"the warning: risk > {WARNING_THRESHOLD:g}, earlier and noisier "
         "(docs/risk-model.md#the-page-and-the-warning)"
     )
     return ("alerts", value, why)

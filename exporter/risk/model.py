@@ -98,15 +98,16 @@ Z_HALF = 4.5  # spreads of headroom at which the score is 0.5
 # The two operating points rules/ ships, chosen on the frontier by their worst traffic
 # family (benchmarks/fuzz_frontier.py --families, docs/risk-model.md): the page fires
 # where the score is above ALERT_THRESHOLD while vLLM's own usage was above ALERT_USAGE at
-# some sample of the last ALERT_USAGE_WINDOW_SECONDS, for ALERT_FOR_SECONDS (it keeps to
-# about a false-alarm minute per safe hour in every family). The gate reads the window's
-# peak because a real vLLM's cache empties by a batch's worth whenever requests finish,
-# every 10-20 s under steady load: a gate read sample by sample reset the page's 15 s
-# there and it never fired (tests/e2e/test_stack.py, stop 40's CI). The warning, which
-# never pages, fires where the score is above WARNING_THRESHOLD for WARNING_FOR_SECONDS:
-# the page users had until issue 34, whose lead warns the demo's burst and a real vLLM's
-# cold start before the first preemption (the frontier's own pick, 0.97, is quieter on the
-# drawn hours but did not warn the demo's burst in time in a real Prometheus).
+# some sample of the last ALERT_USAGE_WINDOW_SECONDS, for ALERT_FOR_SECONDS (about a
+# false-alarm minute per safe hour in every family: 0.0-0.9 on one draw of the fuzz tier,
+# up to 1.85 on the next). The gate reads the window's peak because a real vLLM's cache
+# empties by a batch's worth whenever requests finish, every 10-20 s under steady load: a
+# gate read sample by sample reset the page's 15 s there and it never fired
+# (tests/e2e/test_stack.py, stop 40's CI). The warning, which never pages, fires where the
+# score is above WARNING_THRESHOLD for WARNING_FOR_SECONDS: the page users had until issue
+# 34, whose lead warns the demo's burst and a real vLLM's cold start before the first
+# preemption (the frontier's own pick, 0.97, is quieter on the drawn hours but did not
+# warn the demo's burst in time in a real Prometheus).
 ALERT_THRESHOLD = 0.99
 ALERT_USAGE = 0.8
 ALERT_USAGE_WINDOW_SECONDS = 60.0
