@@ -62,6 +62,12 @@ def promtool_values(
     return [float(v) for v in re.findall(r"got: \{\} (\S+)", result.stdout + result.stderr)]
 
 
+def _case(expr: str, at: float) -> dict[str, Any]:
+    """A promtool case at ``at`` seconds that expects -1, which no series here reads, so
+    promtool prints the value it got (compared by the caller)."""
+    return {"expr": expr, "eval_time": f"{at:g}s", "exp_samples": [{"labels": "{}", "value": -1}]}
+
+
 def test_predict_linear_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
     ticks = _ticks(USAGE)
     cases, expected = [], []
@@ -74,13 +80,7 @@ def test_predict_linear_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
         for i in (3, 10, 25, 30, 35):
             # promtool compares exactly and prints what it got: each case expects -1 (no
             # line reads that here) and the values it prints are compared to 1e-9.
-            cases.append(
-                {
-                    "expr": f"predict_linear(u[{window:g}s], {horizon:g})",
-                    "eval_time": f"{ticks[i].t:g}s",
-                    "exp_samples": [{"labels": "{}", "value": -1}],
-                }
-            )
+            cases.append(_case(f"predict_linear(u[{window:g}s], {horizon:g})", ticks[i].t))
             expected.append(line[i])
     got = promtool_values(tmp_path, USAGE, cases)
     assert len(got) == len(expected), got
@@ -95,13 +95,7 @@ def test_max_over_time_gives_what_prometheus_evaluates(tmp_path: Path) -> None:
     for window in (5.0, 9.0, 13.0):  # off the samples' 2 s grid, as above
         peak = max_over_time(ticks, window)
         for i in range(len(values)):
-            cases.append(
-                {
-                    "expr": f"max_over_time(u[{window:g}s])",
-                    "eval_time": f"{ticks[i].t:g}s",
-                    "exp_samples": [{"labels": "{}", "value": -1}],
-                }
-            )
+            cases.append(_case(f"max_over_time(u[{window:g}s])", ticks[i].t))
             expected.append(peak[i])
     got = promtool_values(tmp_path, values, cases)
     assert len(got) == len(expected), got
