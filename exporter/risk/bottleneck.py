@@ -117,8 +117,9 @@ def settled(bottleneck: Bottleneck, points: Sequence[Point]) -> Bottleneck:
     token budget admits about a batch's worth). A new queue longer than both (a burst into
     a prefill-bound server: 54 waiting, 2 running) is one at once, and so is one the batch
     shrank into without anyone finishing (vLLM evicted them). With a single poll there
-    is nothing to go by, and it counts. The risk model takes ``classify``'s answer as it
-    is: for a burst that just arrived, what it will wait on matters at once."""
+    is nothing to go by, and it counts. The risk model reads this answer too: a request
+    between two steps read as a prefill-paced queue would narrow its spread for one poll
+    (snapshot.py); a burst that just arrived is one at once, as above."""
     if bottleneck.resource == "none" or len(points) < 2 or points[-2].waiting >= 1:
         return bottleneck
     before, last = points[-2], points[-1]
