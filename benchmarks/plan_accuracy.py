@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.gpus import GIB
 from exporter.capacity.memory import OverheadModel
-from exporter.capacity.plan import Plan, plan
+from exporter.capacity.plan import Plan, PlanRequest, plan
 
 
 def _note(point: StartupPoint, pattern: str) -> float | None:
@@ -78,8 +78,10 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     (``memory.forward_bytes``, ``memory.sampler_bytes``) and are never refit. Two residuals
     are: non-torch memory per release era of ``OverheadModel.non_torch_*_by_era``, from the
     rows that print it (one GPU from TP1 rows, TP > 1 from TP rows, and TP rows that print
-    weights and KV memory but no breakdown), and the 0.20+ CUDA-graph estimate, a constant
-    per GPU from the one-GPU 0.20+ rows that print their weights. Starts before 0.6.4 refit
+    weights and KV memory but no breakdown), and the 0.20+ cold torch.compile transient, a
+    constant per GPU from the one-GPU 0.20+ rows that print their weights. The CUDA-graph
+    estimate is not refit here: it is the median of the printed estimates (memory.py).
+    Starts before 0.6.4 refit
     nothing: their V0 worker charged the memory free after the profile run, with no
     peak/non-torch split.
     """
@@ -116,28 +118,22 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     def mean(values: list[float], default: float) -> float:
         return statistics.fmean(values) if values else default
 
-    peaks = base
-    # The CUDA-graph estimate (subtracted from 0.20) is measured by capturing graphs
-    # (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory), not computable
-    # from the config: one GPU's starts that print their weights measure it as what the
-    # weights, KV memory, the counted peak and the era's non-torch memory leave of the
-    # ceiling. A constant per GPU, the mean of those rows. On a cold compile cache it also
-    # holds torch.compile's peak inside the profile run (memory.py), which no config sizes.
-    graphs: list[float] = []
+    # The cold torch.compile peak of the profile run (memory.py) is no count a config gives:
+    # each one-GPU 0.20+ start that prints its weights measures it as the transient that makes
+    # the modelled KV memory equal the printed one (the forward pass plus it against the
+    # sampler's peak, beside the graph estimate the release subtracts). A constant, the mean
+    # of those rows; a start whose sampler peak hides any transient measures nothing.
+    transients: list[float] = []
     for pt in points:
         if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:
             continue
-        stage = plan(replace(pt.request, overhead=peaks)).stages[0]
-        if not stage.cuda_graph:
+        request = replace(pt.request, weights_bytes=pt.printed_weights_bytes)
+        if request.enforce_eager or not request.release.charges_compile_transient:
             continue
-        graphs.append(
-            stage.requested
-            - pt.printed_weights_bytes
-            - pt.printed_kv_bytes
-            - stage.activation
-            - stage.non_torch
-        )
-    peaks = replace(peaks, cuda_graph=int(mean(graphs, fallback.cuda_graph)))
+        measured_t = _transient(request, base, pt.printed_kv_bytes)
+        if measured_t is not None:
+            transients.append(measured_t / _compile_elems(request))
+    peaks = replace(base, compile_bytes=mean(transients, fallback.compile_bytes))
     # A TP row that prints its weights and KV memory but no breakdown measures its non-torch
     # memory as what those, the refitted activation peak and the graph estimate leave of
     # the ceiling (the TP counterpart of the one-GPU rows' peak above); it joins the
@@ -169,6 +165,34 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     return replace(peaks, non_torch_tp_by_era=tp_measured)
 
 
+def _compile_elems(request: PlanRequest) -> int:
+    a = request.arch
+    width = a.intermediate_size or 0
+    if a.moe is not None:
+        width = max(width, a.moe.expert_intermediate_size * a.moe.experts_per_token)
+    return max(1, a.num_layers * width)
+
+
+def _transient(request: PlanRequest, model: OverheadModel, printed_kv: int) -> float | None:
+    """The compile transient (bytes) at which the modelled KV memory is the printed one, by
+    bisection (the KV memory falls as the transient grows, once it shows past the sampler);
+    None where no transient in [0, 8 GiB] gives it."""
+
+    elems = _compile_elems(request)
+
+    def available(t: float) -> int:
+        over = replace(model, compile_bytes=t / elems)
+        return plan(replace(request, overhead=over)).stages[0].available
+
+    lo, hi = 0.0, 8.0 * GIB
+    if available(lo) < printed_kv or available(hi) > printed_kv:
+        return None
+    while hi - lo > 1 << 20:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if available(mid) > printed_kv else (lo, mid)
+    return (lo + hi) / 2 if lo > 0 else None
+
+
 # V0's memory_profiling (0.6.4) is the first to split the peak from non-torch memory.
 _PROFILED_SINCE = (0, 6, 4)
 
@@ -178,9 +202,9 @@ _PROFILED_SINCE = (0, 6, 4)
 # cuBLAS/cuBLASLt workspace (32 MiB) the first matmuls of the profile run allocate outside
 # PyTorch's pool (the allocation 0.33 moves into the start-up baseline); with TP > 1 on V0
 # releases (before 0.8) the comm buffers vLLM PR 10511 measured under 0.6.x on top (a V0
-# figure: V1's worker is not assumed to have them); as the CUDA-graph estimate the median of
-# the public 0.20+ estimates outside the fixtures (0.27 GiB: club-3090 issues 434 and 127,
-# gpustack runner PR 251, MiaAI-Lab PR 25). The counted terms are the shipped ones.
+# figure: V1's worker is not assumed to have them); no compile transient. The counted terms
+# and the CUDA-graph estimate (the printed estimates' median, no start-up row's) are the
+# shipped ones.
 _CUBLAS = OverheadModel().cublas_baseline
 _PR_10511_TP = int(1.79 * GIB)
 # V0 up to 0.6.4 charged the process's CUDA context too (memory.py): about 300 MiB with
@@ -188,7 +212,7 @@ _PR_10511_TP = int(1.79 * GIB)
 _CUDA_CONTEXT = 300 << 20
 PRIOR = replace(
     OverheadModel(),
-    cuda_graph=int(0.27 * GIB),
+    compile_bytes=0.0,
     non_torch_single_by_era=(
         ((0, 28, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
@@ -409,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{refit.sampler_kernel_bytes:.2f} ({ship.sampler_kernel_bytes}) 0.17 kernel, "
         f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
         f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
-        f"CUDA-graph estimate {refit.cuda_graph / GIB:.2f} GiB ({ship.cuda_graph / GIB:.2f}); "
+        f"compile transient {refit.compile_bytes / 1024:.2f} KiB ({ship.compile_bytes / 1024:.2f}) "
+        "per layer x MLP width; "
         "forward and encoder counted from the code"
     )
     for (since, single), (_, tp) in zip(

@@ -61,63 +61,60 @@ profile run; this module models them:
   − TP1 difference of the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an
   H100 under 0.6.x, whose accounting still held NCCL's buffers; no fixture row measures
   it. Releases before 0.6.4 (their worker charged the drop in free memory since device
-  start-up) are not read and take 0.6.4's figures. 0.8-0.27: 0.055 GiB on
-  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06) and 0.187 GiB
-  per GPU with TP > 1 (printed: Qwen3-235B TP8 under 0.10.2, 0.21; Qwen3-30B-A3B TP4
-  under 0.8.5, 0.20 twice; and what printed weights, KV memory and the modelled peak
-  leave of the ceiling in the TP starts that print no breakdown: Qwen2-7B TP2 under
-  0.10.1.1, 0.18, 0.18 and 0.14; gpt-oss-120b TP4 under 0.10.1.1, 0.21) — the V0
-  comm-buffer figure does not carry over. From 0.28 vLLM charges
+  start-up) are not read and take 0.6.4's figures. 0.8-0.27: 0.063 GiB on
+  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06; Llama-3.1-8B
+  on an A40 under 0.26: 0.08) and 0.30 GiB per GPU with TP > 1 (printed: Qwen3-235B TP8
+  under 0.10.2, 0.21; Qwen3-30B-A3B TP4 under 0.8.5, 0.20 twice; and what printed
+  weights, KV memory and the modelled peak leave of the ceiling in the TP starts that
+  print no breakdown: Qwen2-7B TP2 under 0.10.1.1, 0.18, 0.18 and 0.14; gpt-oss-120b TP4
+  under 0.10.1.1, 0.21; Qwen3-32B TP2 and Qwen3-235B-A22B-FP8 TP4, twice, on RTX PRO
+  6000 cards without NVLink under 0.27.1, which leave more) — the V0 comm-buffer figure
+  does not carry over. From 0.28 vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
   ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.33
   GiB, the mean of the "consumed memory" less the weights of the four 0.28+ starts that
   print both (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0 = 0.26; Qwen3-14B and
   -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192 batched tokens), used for TP
   too (no 0.28+ TP row prints it). A PP stage's worker accounts like one GPU's.
-* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``. vLLM measures
-  it by capturing graphs on a minimal KV cache
-  (vllm/v1/worker/gpu/cudagraph_utils.py::profile_cudagraph_memory, 0.31), so it is not
-  computable from a config: a residual, 1.30 GiB per GPU, the mean of what weights, KV
-  memory, the counted peak and non-torch memory leave of the ceiling in the eight one-GPU
-  0.20+ starts that print their weights, three families (Qwen3-14B and -AWQ on an L40S
-  under 0.28: 1.28, 1.30; under 0.29: 1.79, 1.84, and 1.46 with 8,192 batched tokens;
-  Llama-3.1-8B on an A100 under 0.31: 1.16, whose log prints transient peak plus estimate
-  as 1.44 GiB against a counted 0.21 GiB peak; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26:
-  0.79, whose log prints 1.04 GiB for the two against a counted 0.26; Qwen2.5-7B on an
-  RTX 4090 under 0.24: 0.79, printed estimate 0.53), refit the same way by
-  ``benchmarks/plan_accuracy.py``. It holds more than graphs: the 0.29 starts print their
-  estimate (0.51-0.60 GiB) and a torch transient of 1.48, 1.48 and 1.60 GiB where the
-  forward pass and the V2 sampler count 0.26 (1.03 at 8,192 tokens). Model Runner V2's
-  profile run holds nothing else that a config sizes (0.24-0.31,
-  vllm/v1/worker/gpu/model_runner.py: ``profile_run`` -> ``_dummy_run(max_num_tokens,
-  skip_attn=True, is_profile=True)``, no CUDA graph, no attention metadata, its ``InputBatch``
-  views into the ``InputBuffers`` allocated in ``__init__``; then ``_dummy_sampler_run``:
-  ``compute_logits`` on one row per request and the in-place sampler above; the sampler,
-  structured-output and prompt-logprob states are allocated in ``load_model``, before the
-  window). The rest is the first call of the ``support_torch_compile`` model
-  (vllm/compilation/decorators.py, ``__call__``, 0.29): on an empty compile cache
-  Dynamo, Inductor's compile and autotuning (vllm/config/compilation.py, 0.29, turns on
-  ``combo_kernels`` and ``benchmark_combo_kernel`` by default) and the AOT artifact's save
-  run inside ``profile_run``, inside ``memory_profiling``, and nothing resets the peak
-  before the profiling forward; from
-  0.28 (vllm/utils/mem_utils.py::memory_profiling, ``transient_peak_headroom = peak −
-  allocated after``) that high-water mark is charged as activation. The 0.29 Qwen3-14B log
-  shows the cold path ("Compiling a graph for compile range (1, 2048) takes 27.01 s",
-  "saved AOT compiled function", "Initial profiling/warmup run took 0.64 s"); vLLM issues
-  54122 and 54383 (PRs 54209, 54479, open) report warm restarts of the same start getting
-  back 0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more. It depends on the compile
-  cache's state, not on the config, so no count is possible: it stays in this residual,
-  which therefore describes cold starts (a warm restart keeps up to about 1.2 GiB more KV
-  memory than planned). llm-d's 0.19 H100 logs print estimates of
-  0.84-1.39 GiB; club-3090 and GB10 logs print 0.09-0.36 and 2.43 GiB, so it varies with
-  the GPU and the captured sizes far more than one constant says. The V1 runner's
+* **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
+  (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
+  Runner V2 before 0.29: its ``profile_cudagraph_memory`` (vllm/v1/worker/gpu/
+  model_runner.py, 0.22-0.28) returns 0 ("It is TBD whether we keep this API or not"),
+  so those starts print no "CUDA graph memory profiling is enabled" line and their budget
+  is the ceiling less weights, peak and non-torch memory to the hundredth (Llama-3.1-8B on
+  an A40 under 0.26: 39.99 − 15.0 − 1.01 − 0.08 = 23.90); from 0.29 V2 captures graphs to
+  measure them (vllm/v1/worker/gpu/cudagraph_utils.py). vLLM measures it by capturing
+  graphs, so it is not computable from a config: 0.62 GiB, the median of the printed
+  estimates of tests/fixtures/sizing/cudagraph_estimates.csv that came off the budget
+  (0.08-1.56 GiB; no start-up row's), not refit. The V1 runner's
   ``GPUModelRunner.profile_cudagraph_memory`` (vllm/v1/worker/gpu_model_runner.py, 0.18+)
   charges the largest first capture plus, per mode, (graphs - 1) x the second capture, so
   the estimate follows the graphs ``max_num_seqs`` makes it capture
-  (vllm/config/vllm.py::_set_cudagraph_sizes); the printed estimates in
-  tests/fixtures/sizing/cudagraph_estimates.csv bear that out, but run lower before 0.26
-  than these 0.26+ residuals, and a per-layer-and-graph count fitted to both failed issue
-  35's out-of-era bar (docs/plan.md), so the constant stays.
+  (vllm/config/vllm.py::_set_cudagraph_sizes); a per-layer-and-graph count fitted to the
+  printed estimates failed issue 35's out-of-era bar (docs/plan.md), so the median stays.
+* **cold torch.compile** — from 0.20 unless ``--enforce-eager`` (which sets
+  ``compilation_config.mode`` to NONE: vllm/config/vllm.py, 0.29), the first call of the
+  ``support_torch_compile`` model (vllm/compilation/decorators.py, ``__call__``) runs
+  inside ``profile_run``, inside ``memory_profiling``, whose peak statistics are reset on
+  entry (vllm/utils/mem_utils.py, 0.26; from 0.28 the same high-water mark is charged as
+  ``transient_peak_headroom``): on an empty compile cache Dynamo, Inductor's compile and
+  autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
+  ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
+  peaks in the forward pass, so it rides on ``F``, not on the sampler's peak. No code
+  sizes it: a residual, 1.55 KiB per (decoder layer of the stage × MLP width ÷ TP), the
+  mean of the nine one-GPU 0.20+ starts that print their weights, three families
+  (Qwen3-14B and -AWQ on an L40S under 0.28: 1.91, 1.94; under 0.29: 1.74, 1.82, and 1.25
+  with 8,192 batched tokens; Llama-3.1-8B under 0.26 on an A40: 1.79, under 0.31 on an
+  A100: 1.17; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.53; Qwen2.5-7B on an RTX 4090
+  under 0.24: 0.81), refit by ``benchmarks/plan_accuracy.py``. Per layer × width rather
+  than a constant: on the fixture's starts it halves the out-of-family p90 (docs/plan.md),
+  and it meets Qwen3-32B's refused start on one RTX PRO 6000 under 0.27.1 (3.86 GiB
+  charged beyond the weights, 3.89 counted, where the 1.30 GiB constant it replaces gave
+  2.76), though it over-charges the same model at TP2 (2.33 counted, 1.66 printed). It
+  depends on the compile cache's state, not only on the config: vLLM issues 54122 and
+  54383 (PRs 54209, 54479, open) report warm restarts getting back 0.47 GiB per GPU
+  (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold starts (a warm
+  restart keeps up to about that much more KV memory than planned).
 
 ``benchmarks/plan_accuracy.py`` measures the error of the whole model.
 """
@@ -152,7 +149,11 @@ class OverheadModel:
     sampler_v2_bytes: float = 0.0  # Model Runner V2: the logits are sampled as they are
     sampler_v2_copy_bytes: float = 4.0  # ... but 0.22-0.25 copy them to fp32 first
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
-    cuda_graph: int = int(1.30 * GIB)  # a residual with its rows (see above)
+    # The CUDA-graph estimate vLLM subtracts: the median of the printed ones (see above).
+    cuda_graph: int = int(0.62 * GIB)
+    # The profile run's first torch.compile on a cold cache, on top of the forward pass, per
+    # (decoder layer of the stage × MLP width ÷ TP): a residual with its rows (see above).
+    compile_bytes: float = 1.55 * 1024
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -167,13 +168,13 @@ class OverheadModel:
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 28, 0), int(0.33 * GIB)),  # total_consumed less the weights (see above)
-        ((0, 8, 0), int(0.055 * GIB)),
+        ((0, 8, 0), int(0.063 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
         ((0, 28, 0), int(0.33 * GIB)),
-        ((0, 8, 0), int(0.187 * GIB)),
+        ((0, 8, 0), int(0.30 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
     )  # per GPU with TP > 1, (first release, bytes), newest first
@@ -203,6 +204,9 @@ class ActivationInputs:
     v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
     flashinfer_installed: bool | None = None  # None: pip install vllm's default
     v2_runner: bool = False  # Model Runner V2 serves it (Release.v2_model_runner)
+    # torch.compile runs in the profile run and is charged (not eager, 0.20+): the stage's
+    # decoder layers × hidden width, 0 when it does not
+    compile_elems: int = 0
 
 
 def activation_peaks(
@@ -210,7 +214,9 @@ def activation_peaks(
 ) -> tuple[int, ...]:
     """Modelled torch peak increase of the profile run, per PP stage (bytes)."""
     a = inputs
-    forward = forward_bytes(a, model)
+    # A cold torch.compile peaks inside the profile run's first forward, and is freed
+    # before the sampler runs: on the forward's side of the max, not on top of both.
+    forward = forward_bytes(a, model) + model.compile_bytes * a.compile_elems
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     path = sampler_path(release, a.v0_engine, a.flashinfer_installed, a.v2_runner, requests)
     per_entry = sampler_bytes(path, release, model) + model.sampler_dtype_bytes * a.dtype_bytes
@@ -225,7 +231,10 @@ def activation_peaks(
     if a.pp == 1:
         return (int(max(first, sampler)),)
     received = 2 * a.max_num_batched_tokens * a.hidden_size * a.dtype_bytes
-    return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(sampler + received)])
+    last = sampler + received
+    if a.compile_elems:  # every stage compiles its own layers
+        last = max(last, forward)
+    return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(last)])
 
 
 def forward_bytes(a: ActivationInputs, model: OverheadModel = DEFAULT_OVERHEAD) -> float:
@@ -344,9 +353,16 @@ def _by_era(table: tuple[tuple[tuple[int, int, int], int], ...], release: Releas
 
 
 def cuda_graph_bytes(
-    release: Release, enforce_eager: bool, model: OverheadModel = DEFAULT_OVERHEAD
+    release: Release,
+    enforce_eager: bool,
+    model: OverheadModel = DEFAULT_OVERHEAD,
+    v2_runner: bool = False,
 ) -> int:
+    """The CUDA-graph estimate the start subtracts: none eager, before 0.20, or on Model
+    Runner V2 before 0.29, whose ``profile_cudagraph_memory`` returns 0."""
     if enforce_eager or not release.subtracts_cudagraph_estimate:
+        return 0
+    if v2_runner and not release.v2_estimates_cudagraphs:
         return 0
     return model.cuda_graph
 

@@ -658,6 +658,11 @@ def _stage_memory(
             quantized=req.quantization is not None or arch.quantization is not None,
             hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
         ),
+        compile_elems=(
+            math.ceil(arch.num_layers / pp) * width // tp
+            if rel.charges_compile_transient and not req.enforce_eager
+            else 0
+        ),
     )
     peaks = activation_peaks(inputs, rel, req.overhead)
     if not arch.vocab_size or not width:
@@ -672,15 +677,20 @@ def _stage_memory(
             inputs.v2_runner,
             min(max_seqs, mnbt),
         )
-        sources["activation"] = f"estimate (profile run; sampler: {_SAMPLER_NAMES[path]})"
+        compiled = " with a cold torch.compile" if inputs.compile_elems else ""
+        sources["activation"] = f"estimate (profile run{compiled}; sampler: {_SAMPLER_NAMES[path]})"
     non_torch = non_torch_bytes(rel, tp, pp, req.overhead)
-    graphs = cuda_graph_bytes(rel, req.enforce_eager, req.overhead)
+    graphs = cuda_graph_bytes(rel, req.enforce_eager, req.overhead, inputs.v2_runner)
     sources["non_torch"] = "estimate (by release and parallelism)"
-    sources["cuda_graph"] = (
-        "estimate (subtracted from 0.20)"
-        if graphs
-        else ("0: --enforce-eager" if req.enforce_eager else f"0: not subtracted in {rel.label}")
-    )
+    if graphs:
+        sources["cuda_graph"] = "estimate (subtracted from 0.20)"
+    elif req.enforce_eager:
+        sources["cuda_graph"] = "0: --enforce-eager"
+    elif inputs.v2_runner and rel.subtracts_cudagraph_estimate:
+        sources["cuda_graph"] = f"0: Model Runner V2 estimates none in {rel.label}"
+    else:
+        sources["cuda_graph"] = f"0: not subtracted in {rel.label}"
+
     return tuple(StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp))
 
 

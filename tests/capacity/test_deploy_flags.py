@@ -620,8 +620,9 @@ def test_a_max_pixels_limit_sizes_the_encoder_profiles_largest_image() -> None:
     # The encoder budget (8,192 batched tokens) now holds 6 such images, not one larger one.
     assert encoder_profile_items(arch, 8192, 1024, DEFAULT_MM_PROFILE, 32_768) == 1
     assert encoder_profile_items(sized, 8192, 1024, limited_mm, 32_768) == 6
-    # 64 sequences, so that the sampler's warm-up is not the larger peak.
-    req = replace(req, max_num_seqs=64)
+    # 64 sequences, so that the sampler's warm-up is not the larger peak, and eager, so
+    # that the forward pass's cold torch.compile (which peaks after the encoder's) is not.
+    req = replace(req, max_num_seqs=64, enforce_eager=True)
     full, limited = plan(req), plan(replace(req, mm_profile=limited_mm))
     assert "1 dummy item(s) of the largest image" in full.sources["encoder_profile"]
     assert limited.sources["encoder_profile"] == (
