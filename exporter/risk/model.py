@@ -41,10 +41,12 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   lower, where the engine's own last hour showed its occupancy climbing less far above
   forecasts near the top (``risk/calibration.py``: the worst such climb plus a spread);
 * **ceiling** — with ``max_num_seqs`` known, occupancy cannot exceed ``max_num_seqs``
-  sequences at their final length, whose sum is about normal; a deployment whose
-  ceiling fits the cache cannot preempt whatever its usage (the server that runs full:
-  the score is capped by the chance that ceiling touches the top in any of the horizon's
-  ``HORIZON ÷ request duration`` fresh draws, the duration from Little's law);
+  resident sequences at their final length (a resident's generation length weighted by
+  itself: it holds its slot for its decode steps), whose sum is about normal; a
+  deployment whose ceiling fits the cache cannot preempt whatever its usage (the server
+  that runs full: the score is capped by the chance that ceiling touches the top in any
+  of the horizon's ``HORIZON ÷ request duration`` fresh draws, the duration from Little's
+  law);
 * **the batch in hand** — the running sequences' expected remaining growth (the mean
   residual of the generation length) against the free tokens, for sudden bursts the
   level has not caught up with yet.
@@ -294,9 +296,10 @@ def since(pts: Sequence[Point], t: float) -> int:
 
 
 def capped_touch(inputs: Inputs, draws: float) -> float | None:
-    """P(touching the top) when ``max_num_seqs`` sequences at their final length are the
-    most the cache can hold: their sum is about normal with ``M·E[P+G]`` and
-    ``M·Var(P+G)`` (means exact from the histograms' sums, variances from buckets)."""
+    """P(touching the top) when ``max_num_seqs`` resident sequences at their final length
+    are the most the cache can hold: their sum is about normal with ``M·E_b[P+G]`` and
+    ``M·Var_b(P+G)``, ``b`` the residents' length-biased draw (below; the prompt's mean
+    exact from its histogram's sum, the rest from buckets)."""
     return _capped_touch(inputs, _moments(inputs.prompt), _moments(inputs.generation), draws)
 
 
@@ -308,8 +311,15 @@ def _capped_touch(
     assert inputs.prompt is not None
     assert inputs.generation is not None
     m = inputs.max_num_seqs
-    mean = inputs.prompt.sum / inputs.prompt.count + inputs.generation.sum / inputs.generation.count
-    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, g[1] - g[0] ** 2)
+    # The sequences resident under a full cap are not a finished request's draw: each holds
+    # its slot for its decode steps, so a resident one's generation length is weighted by
+    # itself (the inspection paradox): E[G²]/E[G] in mean, E[G³]/E[G] − that² in variance,
+    # twice a finished request's for exponential lengths. Its prompt is independent of G.
+    prompt_mean = inputs.prompt.sum / inputs.prompt.count
+    generation_mean = inputs.generation.sum / inputs.generation.count
+    biased = g[1] / g[0] if g[0] > 0 else generation_mean
+    mean = prompt_mean + biased
+    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, (g[2] / g[0] if g[0] > 0 else 0.0) - biased**2)
     total, sd = m * mean, math.sqrt(m * var)
     if sd <= 0:
         return 1.0 if total >= inputs.capacity_tokens else 0.0

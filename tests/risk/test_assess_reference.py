@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL_PATH = "exporter/risk/model.py"
 BEFORE = "543e2a9c4f81dba684ddc53dfbea4af758d802ef"  # main before issue 27
 BEFORE_PACED = "5e164568f1a3a225bf7ce63cbc302bfc4b56d33f"  # the parent of 020a786
+BEFORE_RESIDENT = "977ceb2786697a6cd57b422d5144f3149a27a576"  # before the resident ceiling
+# The one scenario whose cache is capped by max_num_seqs: the ceiling term binds there, so
+# its score moved when the ceiling came to weigh residents by their length (issue 34).
+CEILING_BINDS = "steady-full"
 
 # A ramp into preemption, a cache capped by max_num_seqs, a scheduler stall, parallel
 # sampling, a long-context burst and prefill-bound bursts from a real trace (Mooncake):
@@ -95,6 +99,11 @@ def before_paced(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     return model_at(BEFORE_PACED, tmp_path_factory.mktemp("before_paced"))
 
 
+@pytest.fixture(scope="module")
+def before_resident(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return model_at(BEFORE_RESIDENT, tmp_path_factory.mktemp("before_resident"))
+
+
 def replayed_inputs(name: str, monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
     """Every ``Inputs`` the snapshot handed the risk model while replaying ``name``."""
     seen: list[Inputs] = []
@@ -134,12 +143,35 @@ def assert_same(new: Risk, old: Any, changed: frozenset[str] = CHANGED_ON_PURPOS
 def test_every_risk_figure_is_the_one_the_model_before_issue_27_gave_but_those_changed_on_purpose(
     name: str, before: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every poll, compute-bound ones included, against the model at ``BEFORE``."""
+    """Every poll, compute-bound ones included, against the model at ``BEFORE``; where the
+    ceiling binds, the score is pinned against ``BEFORE_RESIDENT`` instead (below)."""
     cases = replayed_inputs(name, monkeypatch)
     assert len(cases) >= 300  # a poll every 2 s for 10 minutes or more
     cases += [restarted(c) for c in cases[::10]]
+    changed = CHANGED_ON_PURPOSE | ({"preemption_risk"} if name == CEILING_BINDS else set())
     for inputs in cases:
-        assert_same(assess(inputs), before.assess(inputs))
+        assert_same(assess(inputs), before.assess(inputs), frozenset(changed))
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_resident_weighted_ceiling_only_raises_the_score_where_the_ceiling_binds(
+    name: str, before_resident: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against the model before the ceiling weighed residents by their length: every field
+    of every poll the same, but the score where ``max_num_seqs`` caps the cache, which only
+    rises (the residents' mean length is at least a finished request's)."""
+    cases = replayed_inputs(name, monkeypatch)
+    raised = 0
+    for inputs in cases:
+        new, old = assess(inputs), before_resident.assess(inputs)
+        if name != CEILING_BINDS:
+            assert_same(new, old, frozenset())
+            continue
+        assert_same(new, old, frozenset({"preemption_risk"}))
+        assert new.preemption_risk >= old.preemption_risk - 1e-12
+        raised += new.preemption_risk > old.preemption_risk + 1e-9
+    if name == CEILING_BINDS:
+        assert raised >= len(cases) // 2
 
 
 def test_every_name_changed_on_purpose_is_a_risk_field(before: ModuleType) -> None:
