@@ -76,10 +76,11 @@ def kv_multiple(level: float, spread: float, capacity: float, z: float = Z_HALF)
 
 
 def ceiling_fits(inputs: Inputs) -> bool:
-    """``max_num_seqs`` sequences at their final length fit the cache with ``Z_HALF``
-    spreads to spare: then no multiple of the traffic can fill the cache (the risk
-    model's cap), and only the batch limits it."""
-    touch = capped_touch(inputs, 1.0)
+    """``max_num_seqs`` sequences at the lengths residents of a full cap hold fit the cache
+    with ``Z_HALF`` spreads to spare: then no multiple of the traffic can fill the cache,
+    and only the batch limits it. The occupancy a full cap runs at, not the bound the
+    risk model caps its score with (its residents all at their final lengths at once)."""
+    touch = capped_touch(inputs, 1.0, final=False)
     return touch is not None and touch <= 1.0 - _NORMAL.cdf(Z_HALF)
 
 

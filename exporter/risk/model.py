@@ -295,16 +295,18 @@ def since(pts: Sequence[Point], t: float) -> int:
     return bisect_left(pts, t, key=_TIME)
 
 
-def capped_touch(inputs: Inputs, draws: float) -> float | None:
-    """P(touching the top) when ``max_num_seqs`` resident sequences at their final length
-    are the most the cache can hold: their sum is about normal with ``M·E_b[P+G]`` and
-    ``M·Var_b(P+G)``, ``b`` the residents' length-biased draw (below; the prompt's mean
-    exact from its histogram's sum, the rest from buckets)."""
-    return _capped_touch(inputs, _moments(inputs.prompt), _moments(inputs.generation), draws)
+def capped_touch(inputs: Inputs, draws: float, *, final: bool = True) -> float | None:
+    """P(touching the top) when ``max_num_seqs`` resident sequences are the most the cache
+    can hold: their sum is about normal (the prompt's mean exact from its histogram's sum,
+    the rest from buckets). ``final``: the residents at their final lengths, the bound the
+    risk model caps its score with; else at their lengths now, the occupancy a full cap
+    runs at, which is what more traffic would bring (``risk/headroom.py``)."""
+    p, g = _moments(inputs.prompt), _moments(inputs.generation)
+    return _capped_touch(inputs, p, g, draws, final=final)
 
 
 def _capped_touch(
-    inputs: Inputs, p: Moments | None, g: Moments | None, draws: float
+    inputs: Inputs, p: Moments | None, g: Moments | None, draws: float, *, final: bool = True
 ) -> float | None:
     if not inputs.max_num_seqs or p is None or g is None:
         return None
@@ -312,14 +314,20 @@ def _capped_touch(
     assert inputs.generation is not None
     m = inputs.max_num_seqs
     # The sequences resident under a full cap are not a finished request's draw: each holds
-    # its slot for its decode steps, so a resident one's generation length is weighted by
+    # its slot for its decode steps, so a resident's generation length is weighted by
     # itself (the inspection paradox): E[G²]/E[G] in mean, E[G³]/E[G] − that² in variance,
     # twice a finished request's for exponential lengths. Its prompt is independent of G.
+    # Now, a resident is a uniform share of the way through its decode: half that mean,
+    # E[G³]/(3 E[G]) in second moment (a finished request's own mean, if exponential).
     prompt_mean = inputs.prompt.sum / inputs.prompt.count
     generation_mean = inputs.generation.sum / inputs.generation.count
-    biased = g[1] / g[0] if g[0] > 0 else generation_mean
-    mean = prompt_mean + biased
-    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, (g[2] / g[0] if g[0] > 0 else 0.0) - biased**2)
+    if g[0] > 0:
+        grown = g[1] / g[0] if final else g[1] / (2 * g[0])
+        second = g[2] / g[0] if final else g[2] / (3 * g[0])
+    else:
+        grown, second = generation_mean, generation_mean**2
+    mean = prompt_mean + grown
+    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, second - grown**2)
     total, sd = m * mean, math.sqrt(m * var)
     if sd <= 0:
         return 1.0 if total >= inputs.capacity_tokens else 0.0
