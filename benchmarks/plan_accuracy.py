@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.gpus import GIB
 from exporter.capacity.memory import OverheadModel
-from exporter.capacity.plan import Plan, PlanRequest, plan
+from exporter.capacity.plan import Plan, PlanRequest, compile_elems, plan
 
 
 def _note(point: StartupPoint, pattern: str) -> float | None:
@@ -78,8 +78,8 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     (``memory.forward_bytes``, ``memory.sampler_bytes``) and are never refit. Two residuals
     are: non-torch memory per release era of ``OverheadModel.non_torch_*_by_era``, from the
     rows that print it (one GPU from TP1 rows, TP > 1 from TP rows, and TP rows that print
-    weights and KV memory but no breakdown), and the 0.20+ cold torch.compile transient, a
-    constant per GPU from the one-GPU 0.20+ rows that print their weights. The CUDA-graph
+    weights and KV memory but no breakdown), and the 0.20+ cold torch.compile transient,
+    per layer × MLP width, from the one-GPU 0.20+ rows that print their weights. The CUDA-graph
     estimate is not refit here: it is the median of the printed estimates (memory.py).
     Starts before 0.6.4 refit
     nothing: their V0 worker charged the memory free after the profile run, with no
@@ -121,8 +121,9 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     # The cold torch.compile peak of the profile run (memory.py) is no count a config gives:
     # each one-GPU 0.20+ start that prints its weights measures it as the transient that makes
     # the modelled KV memory equal the printed one (the forward pass plus it against the
-    # sampler's peak, beside the graph estimate the release subtracts). A constant, the mean
-    # of those rows; a start whose sampler peak hides any transient measures nothing.
+    # sampler's peak, beside the graph estimate the release subtracts). Per layer × MLP
+    # width, the mean of those rows; a start whose sampler peak hides any transient
+    # measures nothing.
     transients: list[float] = []
     for pt in points:
         if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:
@@ -132,7 +133,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
             continue
         measured_t = _transient(request, base, pt.printed_kv_bytes)
         if measured_t is not None:
-            transients.append(measured_t / _compile_elems(request))
+            transients.append(measured_t / compile_elems(request))
     peaks = replace(base, compile_bytes=mean(transients, fallback.compile_bytes))
     # A TP row that prints its weights and KV memory but no breakdown measures its non-torch
     # memory as what those, the refitted activation peak and the graph estimate leave of
@@ -165,20 +166,12 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     return replace(peaks, non_torch_tp_by_era=tp_measured)
 
 
-def _compile_elems(request: PlanRequest) -> int:
-    a = request.arch
-    width = a.intermediate_size or 0
-    if a.moe is not None:
-        width = max(width, a.moe.expert_intermediate_size * a.moe.experts_per_token)
-    return max(1, a.num_layers * width)
-
-
 def _transient(request: PlanRequest, model: OverheadModel, printed_kv: int) -> float | None:
     """The compile transient (bytes) at which the modelled KV memory is the printed one, by
     bisection (the KV memory falls as the transient grows, once it shows past the sampler);
     None where no transient in [0, 8 GiB] gives it."""
 
-    elems = _compile_elems(request)
+    elems = max(1, compile_elems(request))
 
     def available(t: float) -> int:
         over = replace(model, compile_bytes=t / elems)

@@ -205,7 +205,7 @@ class ActivationInputs:
     flashinfer_installed: bool | None = None  # None: pip install vllm's default
     v2_runner: bool = False  # Model Runner V2 serves it (Release.v2_model_runner)
     # torch.compile runs in the profile run and is charged (not eager, 0.20+): the stage's
-    # decoder layers × hidden width, 0 when it does not
+    # decoder layers × MLP width ÷ TP (plan.compile_elems), 0 when it does not
     compile_elems: int = 0
 
 

@@ -616,6 +616,25 @@ _SAMPLER_NAMES = {
 }
 
 
+def mlp_width(arch: ModelArch) -> int:
+    """The MLP width the forward pass and the compile transient scale with: the dense
+    width, or experts per token × expert width where that is larger."""
+    width = arch.intermediate_size or 0
+    if arch.moe is not None:
+        width = max(width, arch.moe.expert_intermediate_size * arch.moe.experts_per_token)
+    return width
+
+
+def compile_elems(req: PlanRequest) -> int:
+    """A stage's decoder layers × MLP width ÷ TP, what the profile run's cold torch.compile
+    is charged by (``memory.OverheadModel.compile_bytes``); 0 where none is charged (eager,
+    or before 0.20)."""
+    if req.enforce_eager or not req.release.charges_compile_transient:
+        return 0
+    layers = math.ceil(req.arch.num_layers / req.pipeline_parallel_size)
+    return layers * mlp_width(req.arch) // req.tensor_parallel_size
+
+
 def _stage_memory(
     req: PlanRequest,
     utilization: float,
@@ -636,9 +655,7 @@ def _stage_memory(
     weights = _stage_weights(req, total_weights, sources)
     weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
-    width = arch.intermediate_size or 0
-    if arch.moe is not None:
-        width = max(width, arch.moe.expert_intermediate_size * arch.moe.experts_per_token)
+    width = mlp_width(arch)
     inputs = ActivationInputs(
         max_num_batched_tokens=mnbt,
         max_num_seqs=max_seqs,
@@ -658,11 +675,7 @@ def _stage_memory(
             quantized=req.quantization is not None or arch.quantization is not None,
             hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
         ),
-        compile_elems=(
-            math.ceil(arch.num_layers / pp) * width // tp
-            if rel.charges_compile_transient and not req.enforce_eager
-            else 0
-        ),
+        compile_elems=compile_elems(req),
     )
     peaks = activation_peaks(inputs, rel, req.overhead)
     if not arch.vocab_size or not width:
