@@ -137,9 +137,14 @@ def pressure() -> dashboard_m.Dashboard:
                 f"max_num_seqs allows, and the running batch's overcommit. Orange from the "
                 f"warning ({WARNING_THRESHOLD}), red from the page ({ALERT_THRESHOLD}, with "
                 f"the cache over {ALERT_USAGE:.0%} full within a minute). Above them: shed "
-                f"or reroute load, lower --max-num-seqs, or add KV memory.",
+                f"or reroute load, lower --max-num-seqs, or add KV memory. 'calibrated': how "
+                f"often, on this pod since vLLM last restarted, a score in the same band was "
+                f"followed by a preemption within three minutes.",
                 "short",
-                [Q(ours("max", "kv_headroom_preemption_risk"))],
+                [
+                    Q(ours("max", "kv_headroom_preemption_risk")),
+                    Q(ours("max", "kv_headroom_preemption_probability"), "{{target}} calibrated"),
+                ],
                 span=8,
                 max_val=1,
                 thresholds=risk_steps,

@@ -87,7 +87,8 @@ METRICS: tuple[Spec, ...] = (
     Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
     Spec("seconds_to_exhaustion", "gauge", _E, "When the risk score's own forecast crosses the KV capacity: from the occupancy now to the forecast level 3 minutes ahead, then along the trend; +Inf when it never does (not on this trend).", "seconds", "risk model"),
     Spec("forecast_usage_ratio", "gauge", _E, f"The risk score's forecast KV level 3 minutes ahead over the capacity (0-1; above 1 it overflows); above {EDGE_THRESHOLD:g} for {EDGE_FOR_SECONDS / 60:g} minutes the server runs at the edge (a ticket, not a page).", "ratio", "risk model"),
-    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); alert above 0.5.", "ratio", "risk model"),
+    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); the warning fires above 0.5, the page above 0.99 while the cache was over 80 % full within the last minute.", "ratio", "risk model"),
+    Spec("preemption_probability", "gauge", _E, "How often, on this engine since its last restart, a preemption_risk in the band of the current one was followed by a preemption within about 3 minutes (a prior from the fuzz tier to start, decaying with a one-day half-life); a calibrated probability for dashboards, not what the alerts read.", "ratio", "risk model"),
     Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
     Spec("load_headroom_ratio", "gauge", _E, "How many times today's traffic (arrival rate, same request mix) the engine holds before the forecast KV level reaches the preemption alert point or the batch fills max_num_seqs, counting that a busier engine steps more slowly (KV reads, prefill); below 1: scale out. Absent without traffic.", "ratio", "risk model"),
     Spec("load_headroom_resource", "gauge", ("engine", "resource"), "Which limit load_headroom_ratio hits first: 1 for the binding resource (kv_cache, max_num_seqs), 0 for the other.", "bool", "risk model"),
@@ -294,6 +295,8 @@ class SnapshotCollector:
             f.add("forecast_usage_ratio", [e], v.risk.forecast_usage)
             f.add("preemption_risk", [e], v.risk.preemption_risk)
             f.add("risk_history_seconds", [e], v.risk.history_seconds)
+        if v.preemption_probability is not None:
+            f.add("preemption_probability", [e], v.preemption_probability)
         if v.load_headroom_ratio is not None:
             f.add("load_headroom_ratio", [e], v.load_headroom_ratio)
             for resource in HEADROOM_RESOURCES:

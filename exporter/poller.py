@@ -28,6 +28,7 @@ from exporter.metrics import LIMITS, render_counted
 from exporter.observe import Folder, History, fold
 from exporter.risk.calibration import Calibrations
 from exporter.risk.model import HORIZON, Z_HALF
+from exporter.risk.odds import EngineOdds
 from exporter.snapshot import Snapshot
 from exporter.sources.base import (
     Closing,
@@ -56,6 +57,8 @@ class Poller:
         self.history = History(config.history_seconds, int(config.history_seconds / interval) + 8)
         # How far each engine's occupancy climbed above the risk model's forecasts.
         self.calibrations = Calibrations(HORIZON, Z_HALF)
+        # How often each engine's scores were followed by a preemption.
+        self.odds = EngineOdds(HORIZON)
         self.trail = Trail()
         self._sources = self._make_sources()
         self._health = {s.name: SourceHealth(s.name) for s in self._sources if s.reports_health}
@@ -127,6 +130,7 @@ class Poller:
                 excursions=self.calibrations.worst(now),
             )
             self._judge(snapshot)
+            snapshot = self._calibrate(snapshot)
             self._note_expected(snapshot)
         except Exception as e:
             # A bug, or input the core cannot take: forget this poll's observation so it
@@ -266,6 +270,26 @@ class Poller:
                 view.risk.spread_tokens,
                 (point.epoch, capacity),
             )
+
+    def _calibrate(self, snapshot: Snapshot) -> Snapshot:
+        """Each engine's score as its own past calibrates it (risk/odds.py)."""
+        latest = self.history.latest
+        if latest is None:
+            return snapshot
+        views = []
+        for view in snapshot.engines:
+            point = latest.points.get(view.engine)
+            if view.risk is not None and point is not None and not view.stale:
+                probability = self.odds.observe(
+                    view.engine,
+                    point.epoch,
+                    point.t,
+                    view.risk.preemption_risk,
+                    point.preemptions or 0.0,
+                )
+                view = replace(view, preemption_probability=probability)
+            views.append(view)
+        return replace(snapshot, engines=tuple(views))
 
     def _note_expected(self, snapshot: Snapshot) -> None:
         if snapshot.expected_note != self._last_expected_note:

@@ -75,6 +75,9 @@ class EngineView:
     prefix_cache_extra_sequences: int | None
     stale: bool  # vLLM did not answer this poll: load figures are withheld
     risk: Risk | None = None
+    # How often, on this engine, a score like ``risk``'s was followed by a preemption within
+    # the horizon (risk/odds.py; the poll loop fills it in, None until it has).
+    preemption_probability: float | None = None
     # What keeps waiting requests from being admitted (risk/bottleneck.py), and why.
     bottleneck: str | None = None
     bottleneck_evidence: str = ""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 # The score's bands (the reliability table's) and, for each, the share of dev fuzz polls
 # a preemption followed within the horizon.
 BANDS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
-PRIOR = (0.012, 0.036, 0.042, 0.051, 0.057, 0.134)  # 278,000 polls, 201 hours
+PRIOR = (0.011, 0.021, 0.034, 0.041, 0.046, 0.137)  # 281,000 polls of the stop-44 tier
 PRIOR_SECONDS = 1800.0  # the prior weighs as much as half an hour of polls in the band
 HALF_LIFE_SECONDS = 86400.0  # a day: what was learnt fades as traffic changes
 
@@ -118,3 +118,21 @@ class Odds:
 
     def probability(self, score: float) -> float:
         return self.table()[band(score)]
+
+
+class EngineOdds:
+    """Each engine's ``Odds``, as the poll loop keeps them: ``observe`` a poll's score and
+    counted preemptions, read back the calibrated probability of that score. A vLLM
+    restart (a new epoch) starts the engine from the prior again, as the module says."""
+
+    def __init__(self, horizon: float) -> None:
+        self.horizon = horizon
+        self._engines: dict[str, tuple[int, Odds]] = {}
+
+    def observe(self, engine: str, epoch: int, t: float, score: float, counted: float) -> float:
+        kept = self._engines.get(engine)
+        if kept is None or kept[0] != epoch:
+            kept = self._engines[engine] = (epoch, Odds(self.horizon))
+        odds = kept[1]
+        odds.observe(t, score, counted)
+        return odds.probability(score)
