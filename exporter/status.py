@@ -124,6 +124,11 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         risk_why = (
             f"a ranking score 0–1, not a probability; the warning alert starts at {HIGH_RISK:g}"
         )
+        if v.preemption_probability is not None:
+            risk_why += (
+                f"; on this engine, scores in its band were followed by a preemption within "
+                f"{HORIZON / 60:g} min {v.preemption_probability:.1%} of the time"
+            )
     exhaustion = forecast = "–"
     exhaustion_why = forecast_why = ""
     if r is not None and not v.stale:

@@ -122,6 +122,16 @@ async def test_the_forecast_usage_the_risk_rests_on_is_shown_beside_it(
     assert _cell(stack.page(), "forecast") == f"{risk.forecast_usage:.2f} of the cache"
 
 
+async def test_the_risk_is_explained_with_how_often_this_engine_preempted_after_such_scores(
+    demo: Callable[[str], Awaitable[Stack]],
+) -> None:
+    stack = await demo("demo")
+    snap = await stack.run(240)
+    probability = snap.engines[0].preemption_probability
+    assert probability is not None
+    assert f"followed by a preemption within 3 min {probability:.1%} of the time" in stack.page()
+
+
 async def test_a_forecast_that_never_reaches_the_top_reads_not_on_this_trend(
     demo: Callable[[str], Awaitable[Stack]],
 ) -> None:
