@@ -9,9 +9,10 @@ that a preemption followed within the horizon on the fuzz tier's dev hours
 has passed or a preemption was counted within it: a poll a preemption followed is a hit
 for its band, one whose horizon passed without is a miss. A band's probability is its
 hits plus ``PRIOR_SECONDS`` of the prior over its judged polls plus the same, each poll
-weighed by its interval (so a faster poll does not count for more), and the bands are
-kept in order (pool-adjacent violators): bursts that peaked and drained here lower the
-odds of the next, preemptions raise them. What was learnt decays with a half-life of
+weighed by its interval (so a faster poll does not count for more; at most
+``MAX_WEIGHT``: a longer wait is a gap), and the bands are kept in order (pool-adjacent
+violators): bursts that peaked and drained here lower the odds of the next, preemptions
+raise them. What was learnt decays with a half-life of
 ``HALF_LIFE_SECONDS``, so a deployment whose traffic changed forgets it; memory is the
 bands' two sums and the polls still waiting for their horizon (at most horizon / poll
 interval). A restart keeps nothing: the engine starts from the prior again, as it would
@@ -35,6 +36,9 @@ BANDS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 PRIOR = (0.011, 0.021, 0.034, 0.041, 0.046, 0.137)  # 281,000 polls of the stop-44 tier
 PRIOR_SECONDS = 1800.0  # the prior weighs as much as half an hour of polls in the band
 HALF_LIFE_SECONDS = 86400.0  # a day: what was learnt fades as traffic changes
+# A poll stands for at most this much polling: a longer wait since the last one is a gap
+# (vLLM did not answer, the sidecar was stalled), not time spent at this score.
+MAX_WEIGHT = 60.0
 
 
 def band(score: float) -> int:
@@ -87,7 +91,7 @@ class Odds:
             decay = 0.5 ** ((t - self._last_t) / HALF_LIFE_SECONDS)
             self._hits = [h * decay for h in self._hits]
             self._seen = [s * decay for s in self._seen]
-        weight = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
+        weight = 0.0 if self._last_t is None else min(max(0.0, t - self._last_t), MAX_WEIGHT)
         self._last_t = t
         counted = preemptions_counted
         if self._counted is not None and counted < self._counted:

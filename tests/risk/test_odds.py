@@ -89,3 +89,15 @@ def test_a_vllm_restart_starts_the_engine_from_the_prior_again() -> None:
         t += 2.0
         engines.observe("a", 0, t, 0.95, 0.0)
     assert engines.observe("a", 1, t + 2.0, 0.95, 0.0) == pytest.approx(odds.PRIOR[-1])
+
+
+def test_a_gap_in_the_polls_does_not_count_as_time_at_the_score_after_it() -> None:
+    # vLLM silent for an hour or for two minutes, then one poll at a high score that no
+    # preemption follows: either way it stands for one poll's worth, not the silence.
+    hour, minutes = Odds(HORIZON), Odds(HORIZON)
+    for o, gap in ((hour, 3600.0), (minutes, 120.0)):
+        o.observe(0.0, 0.95, 0.0)
+        o.observe(gap, 0.95, 0.0)
+        o.observe(gap + HORIZON + 2.0, 0.0, 0.0)  # judged: nothing followed
+    assert hour.probability(0.95) == pytest.approx(minutes.probability(0.95))
+    assert hour.probability(0.95) > odds.PRIOR[-1] / 2
