@@ -276,16 +276,22 @@ class Poller:
         latest = self.history.latest
         if latest is None:
             return snapshot
+        # Without vLLM's preemption counter no poll can be judged: no figure at all, rather
+        # than one that only ever learns "nothing followed".
+        page = self.readings.page
+        counted = {e.engine for e in page.engines if e.preemptions is not None} if page else set()
         views = []
         for view in snapshot.engines:
             point = latest.points.get(view.engine)
-            if view.risk is not None and point is not None and not view.stale:
+            if (
+                view.risk is not None
+                and point is not None
+                and point.preemptions is not None
+                and view.engine in counted
+                and not view.stale
+            ):
                 probability = self.odds.observe(
-                    view.engine,
-                    point.epoch,
-                    point.t,
-                    view.risk.preemption_risk,
-                    point.preemptions or 0.0,
+                    view.engine, point.epoch, point.t, view.risk.preemption_risk, point.preemptions
                 )
                 view = replace(view, preemption_probability=probability)
             views.append(view)
