@@ -43,8 +43,9 @@ SERVERS = {
 }
 
 
-async def exported(fake: FakeVllm, make_rig: MakeRig, page: str) -> str:
-    fake.page = fixture_page(page)
+async def exported(fake: FakeVllm, make_rig: MakeRig, page: str, edited: str | None = None) -> str:
+    """/metrics after two polls of ``page`` (``edited``: that page as a test changed it)."""
+    fake.page = fixture_page(page) if edited is None else edited
     fake.model, fake.version, fake.max_model_len = SERVERS[page]
     rig = await make_rig(fake.url, model_path=model_for(page))
     await rig.poll(2)

@@ -7,8 +7,8 @@ import pytest
 
 from exporter.risk import odds
 from tests.exposition import families_by_name
-from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig, fixture_page
-from tests.sidecar.test_golden import SERVERS, exported
+from tests.sidecar.conftest import FakeVllm, MakeRig, fixture_page
+from tests.sidecar.test_golden import exported
 
 
 async def test_a_fresh_engine_exports_the_prior_of_its_scores_band(
@@ -26,14 +26,11 @@ async def test_a_page_without_vllms_preemption_counter_exports_no_probability(
     fake_vllm: FakeVllm, make_rig: MakeRig
 ) -> None:
     page = "vllm-0.32-cpu-preempted.txt"
-    fake_vllm.page = "".join(
+    text = "".join(
         line
         for line in fixture_page(page).splitlines(keepends=True)
         if "vllm:num_preemptions" not in line
     )
-    fake_vllm.model, fake_vllm.version, fake_vllm.max_model_len = SERVERS[page]
-    rig = await make_rig(fake_vllm.url, model_path=TINYLLAMA)
-    await rig.poll(2)
-    families = families_by_name(rig.text)
+    families = families_by_name(await exported(fake_vllm, make_rig, page, text))
     assert "kv_headroom_preemption_risk" in families
     assert "kv_headroom_preemption_probability" not in families
