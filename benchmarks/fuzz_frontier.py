@@ -420,11 +420,36 @@ class Score:
     after_visible: float | None  # abrupt overloads: median seconds from visible to firing
 
 
+def safe_minutes(fam: Family, rule: Rule) -> list[tuple[float, float]]:
+    """Each safe run's (minutes the rule fired, hours it lasted)."""
+    return [
+        (sum(b - a for a, b in episodes(r.replay.ticks, rule)) / 60,
+         r.replay.scenario.duration / 3600)
+        for r in fam.safe
+    ]  # fmt: skip
+
+
+def false_alarm_interval(
+    per_run: Sequence[tuple[float, float]], draws: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of false-alarm minutes per safe hour, the safe hours
+    drawn again with replacement: how far a family's figure could move on another draw of
+    as many hours (one hour of 59 held 20.8 of the page's 75.9 dev near-edge minutes)."""
+    if not per_run:
+        return None
+    rng = np.random.default_rng(seed)
+    minutes = np.array([m for m, _ in per_run])
+    hours = np.array([h for _, h in per_run])
+    picks = rng.integers(0, len(per_run), size=(draws, len(per_run)))
+    rates = minutes[picks].sum(axis=1) / hours[picks].sum(axis=1)
+    low, high = np.quantile(rates, [0.025, 0.975])
+    return float(low), float(high)
+
+
 def score_family(fam: Family, rule: Rule) -> Score:
-    minutes = hours = 0.0
-    for r in fam.safe:
-        hours += r.replay.scenario.duration / 3600
-        minutes += sum(b - a for a, b in episodes(r.replay.ticks, rule)) / 60
+    per_run = safe_minutes(fam, rule)
+    minutes = sum(m for m, _ in per_run)
+    hours = sum(h for _, h in per_run)
     leads: list[float | None] = []
     ramps: list[float] = []
     delays: list[float] = []
@@ -476,11 +501,16 @@ def _either(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th or ticks[i].usage > u
 
 
+def _or(a: alert_quality.Condition, b: alert_quality.Condition) -> alert_quality.Condition:
+    return lambda ticks, i: a(ticks, i) or b(ticks, i)
+
+
 def sidecar_rules() -> list[Rule]:
     """The operating points the sidecar's series allow, each held 15 s: the score alone at
     each threshold; the score where the cache is already filling (``and`` vLLM's usage,
     which the sidecar exports as ``kv_headroom_kv_usage_ratio``, so the rule needs no join);
-    the score or a high usage; and the score as this engine's past calibrates it."""
+    the gated warning or a near-certain score; the score or a high usage; and the score as
+    this engine's past calibrates it."""
 
     hold = ALERT_FOR_SECONDS
     out = [Rule(f"risk > {th:g}", f"risk > {th:g}", above("preemption_risk", th), hold)
@@ -494,6 +524,11 @@ def sidecar_rules() -> list[Rule]:
             for w in RECENT_WINDOWS:
                 name = f"risk > {th:g} and max_over_time(usage[{w:g}s]) > {u:g}"
                 out.append(Rule(name, name, score_and_usage_peak(th, u, w), hold))
+    for u in GATED_WARNING_USAGE:
+        for sure in CERTAIN:
+            name = f"risk > 0.5 and max_over_time(usage[30s]) > {u:g} or risk > {sure:g}"
+            gated = score_and_usage_peak(0.5, u, 30.0)
+            out.append(Rule(name, name, _or(gated, above("preemption_risk", sure)), hold))
     for th in PAIR_RISK:
         for u in PAIR_USAGE:
             name = f"risk > {th:g} or usage > {u:g}"
@@ -563,6 +598,11 @@ RECENT_WINDOWS = (30.0, 60.0)
 # Lower gates for the warning's candidates (a score below 0.99 with the cache's recent
 # peak): the warning needs recall, so it cannot wait for the cache to be half full.
 WARNING_USAGE = (0.3, 0.4)
+# The gated warning with a way around its gate where the score is near certain (stop 46):
+# on real vLLM's steep ramps and its cold start the cache passes the gate only seconds
+# before vLLM preempts, while the score has stood near 1 for longer (docs/risk-model.md).
+GATED_WARNING_USAGE = (0.6, 0.7)
+CERTAIN = (0.999, 0.9995, 0.9999)
 CALIBRATED_SWEEP = (0.03, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2)
 # The choice, written before the sweep was scored on the library (docs/risk-model.md):
 # the page keeps at most this many false-alarm minutes per safe hour in its worst family
@@ -599,11 +639,15 @@ def choose(worst_rows: Sequence[Score]) -> tuple[str | None, str | None]:
     return (page.rule if page else None, warning.rule if warning else None)
 
 
-def bar(table: dict[str, list[Score]]) -> list[str]:
+def bar(
+    table: dict[str, list[Score]],
+    intervals: dict[tuple[str, str], tuple[float, float] | None] | None = None,
+) -> list[str]:
     """Issue 34's bar for the shipped page and warning, family by family: their own bounds,
     and the plain rules (frontier_rules.plain) that beat them with no more false alarms —
     for the page, with both a higher warned share and a longer ramp lead; for the
-    warning, with a higher warned share."""
+    warning, with a higher warned share. ``intervals`` (family, rule) gives each false-alarm
+    figure's bootstrap interval (``false_alarm_interval``)."""
     from benchmarks import frontier_rules
 
     plain = {r.name for r in frontier_rules.plain()}
@@ -624,8 +668,10 @@ def bar(table: dict[str, list[Score]]) -> list[str]:
             ]  # fmt: skip
             ok_fa = me.false_alarm is None or me.false_alarm <= fa_bound
             ok_recall = me.recall is None or me.recall >= recall_bound
+            band = (intervals or {}).get((fam, name))
+            spread = f" [95 % {band[0]:.2f}-{band[1]:.2f}]" if band else ""
             out.append(
-                f"{fam}, {name}: false alarms {_f(me.false_alarm, '.2f')} "
+                f"{fam}, {name}: false alarms {_f(me.false_alarm, '.2f')}{spread} "
                 f"({'ok' if ok_fa else 'over'} {fa_bound:g}), recall {_f(me.recall, '.4f')} "
                 f"({'ok' if ok_recall else 'under'} {recall_bound:g}), beaten by "
                 + (", ".join(f"`{b}`" for b in beaten) or "no plain rule")
@@ -778,6 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = run_fuzz(list(range(args.seed, args.seed + args.fuzz)), 2.0, args.jobs, True)
     if args.families:
+        from benchmarks import frontier_rules
+
         held = run_fuzz(list(range(HELD_OUT[0], HELD_OUT[0] + args.held_out)), 2.0, args.jobs, True)
         families = [
             *fuzz_families("dev", runs),
@@ -797,7 +845,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render_families({"worst of the held-out families": worst(held_out)}))
         page, warning = choose(worst(dev))
         print(f"\nchosen on the dev hours and the library: page `{page}`, warning `{warning}`")
-        print("\n" + "\n".join(bar(table)))
+        shipped = [r for r in rules if r.name in (frontier_rules.PAGE, frontier_rules.WARNING)]
+        intervals = {
+            (f.name, r.name): false_alarm_interval(safe_minutes(f, r))
+            for f in families for r in shipped
+        }  # fmt: skip
+        print("\n" + "\n".join(bar(table, intervals)))
         for label, group in (("dev", runs), ("held-out", held)):
             kept = [_fuzz_run(r) for r in group if r.replay is not None and r.replay.ticks]
             print(f"\nreliability, fuzz {label}: band, polls, share a preemption followed")

@@ -147,3 +147,31 @@ def test_a_usage_peak_between_two_scrapes_is_not_seen_by_the_scraped_page() -> N
     page = score_and_usage_peak(0.99, 0.8, 60.0)
     assert page(ticks, len(ticks) - 1)
     assert not any(scraped(ticks, i) for i in range(len(ticks)))
+
+
+def test_the_gated_warning_or_a_near_certain_score_passes_its_gate_only_when_near_certain() -> None:
+    name = "risk > 0.5 and max_over_time(usage[30s]) > 0.7 or risk > 0.999"
+    rule = next(r for r in fuzz_frontier.sidecar_rules() if r.name == name)
+    low = _ticks([0.3] * 20)  # the cache never near the gate
+    sure = [replace(t, preemption_risk=1.0) for t in low]
+    likely = [replace(t, preemption_risk=0.99) for t in low]
+    gated = score_and_usage_peak(0.5, 0.7, 30.0)
+    assert rule.condition(sure, 19)
+    assert not gated(sure, 19)
+    assert not rule.condition(likely, 19)
+    filling = [replace(t, preemption_risk=0.6) for t in _ticks([0.3] * 10 + [0.75] + [0.3] * 9)]
+    assert rule.condition(filling, 19)  # the gate's 30 s still hold the 0.75 of t = 20 s
+
+
+def test_a_false_alarm_interval_is_the_figure_itself_when_every_safe_hour_agrees() -> None:
+    assert fuzz_frontier.false_alarm_interval([(1.0, 1.0)] * 10) == (1.0, 1.0)
+    assert fuzz_frontier.false_alarm_interval([]) is None
+
+
+def test_a_false_alarm_interval_widens_around_one_loud_hour_and_draws_alike_each_time() -> None:
+    per_run = [(0.5, 1.0)] * 58 + [(20.8, 1.0)]
+    low, high = fuzz_frontier.false_alarm_interval(per_run) or (0.0, 0.0)
+    rate = sum(m for m, _ in per_run) / len(per_run)
+    assert low < rate < high
+    assert low >= 0.5
+    assert fuzz_frontier.false_alarm_interval(per_run) == (low, high)
