@@ -73,8 +73,11 @@ from exporter.risk.model import (
     ALERT_USAGE,
     ALERT_USAGE_WINDOW_SECONDS,
     HORIZON,
+    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
 )
 from exporter.simulator.scenario import Scenario
 
@@ -148,6 +151,14 @@ def score_and_usage_peak(th: float, u: float, window: float) -> Condition:
     return series_above(gated, u)
 
 
+_WARNING_GATE = score_and_usage_peak(WARNING_THRESHOLD, WARNING_USAGE, WARNING_USAGE_WINDOW_SECONDS)
+
+
+def warning_condition(ticks: list[Tick], i: int) -> bool:
+    """The shipped warning's expression at poll ``i``: the gated score, or a near-certain one."""
+    return ticks[i].preemption_risk > WARNING_CERTAIN or _WARNING_GATE(ticks, i)
+
+
 RULES = (
     # The shipped page and warning, as rules/kv-headroom.rules.yml writes them.
     Rule(
@@ -160,8 +171,10 @@ RULES = (
     ),
     Rule(
         "kv_headroom_warning",
-        f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} for {WARNING_FOR_SECONDS:g}s",
-        lambda ticks, i: ticks[i].preemption_risk > WARNING_THRESHOLD,
+        f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} and max_over_time("
+        f"kv_headroom_kv_usage_ratio[{WARNING_USAGE_WINDOW_SECONDS:g}s]) > {WARNING_USAGE:g} "
+        f"or kv_headroom_preemption_risk > {WARNING_CERTAIN:g} for {WARNING_FOR_SECONDS:g}s",
+        warning_condition,
         WARNING_FOR_SECONDS,
     ),
     Rule(

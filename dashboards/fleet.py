@@ -21,7 +21,14 @@ from grafana_foundation_sdk.models import prometheus as prometheus_m
 from dashboards.lib.frame import frame
 from dashboards.lib.panels import DATASOURCE, _targets, stat, timeseries
 from dashboards.lib.queries import INFO, Q, agg, named, sel, with_model
-from exporter.risk.model import ALERT_THRESHOLD, WARNING_THRESHOLD
+from exporter.risk.model import (
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    WARNING_CERTAIN,
+    WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
+)
 
 TARGET_HEADROOM = 1.5  # the recording rule model:kv_headroom_replicas_needed:ceil uses 1.5
 
@@ -163,8 +170,10 @@ def fleet_overview() -> dashboard_m.Dashboard:
             timeseries(
                 "Highest preemption risk per model",
                 "The worst pod's preemption risk (0-1); VllmKvCachePreemptionLikely warns "
-                "above the orange line, VllmKvCachePreemptionImminent pages above the red "
-                "one while the cache was over 80 % full within the last minute.",
+                f"above the orange line while the cache was over {WARNING_USAGE:.0%} full "
+                f"within {WARNING_USAGE_WINDOW_SECONDS:g} s (or above {WARNING_CERTAIN}), "
+                "VllmKvCachePreemptionImminent pages above the red one while the cache was "
+                f"over {ALERT_USAGE:.0%} full within the last minute.",
                 "percentunit",
                 [Q(by_model("max", agg("max", sel(RISK))), "{{model}}")],
                 span=12,

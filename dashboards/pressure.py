@@ -28,8 +28,11 @@ from exporter.risk.model import (
     EDGE_FOR_SECONDS,
     EDGE_THRESHOLD,
     HORIZON,
+    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
 )
 
 # One hour: far enough ahead to act on, and a finite stand-in for the sidecar's +Inf.
@@ -72,7 +75,9 @@ def pressure() -> dashboard_m.Dashboard:
             stat(
                 "Highest preemption risk",
                 f"The highest preemption-risk score among the selected pods. Above "
-                f"{WARNING_THRESHOLD} for {WARNING_FOR_SECONDS:g} s the warning fires; above "
+                f"{WARNING_THRESHOLD} with the cache over {WARNING_USAGE:.0%} full within the "
+                f"last {WARNING_USAGE_WINDOW_SECONDS:g} s, or above {WARNING_CERTAIN}, for "
+                f"{WARNING_FOR_SECONDS:g} s the warning fires; above "
                 f"{ALERT_THRESHOLD} with the cache over {ALERT_USAGE:.0%} full within the last "
                 f"minute, for {ALERT_FOR_SECONDS:g} s, the page: the risk panel shows which pod.",
                 "short",
@@ -135,7 +140,9 @@ def pressure() -> dashboard_m.Dashboard:
                 f"Score 0–1 that vLLM preempts within about three minutes: forecast KV "
                 f"level (trend and waiting prompts) against capacity, capped by what "
                 f"max_num_seqs allows, and the running batch's overcommit. Orange from the "
-                f"warning ({WARNING_THRESHOLD}), red from the page ({ALERT_THRESHOLD}, with "
+                f"warning ({WARNING_THRESHOLD}, with the cache over {WARNING_USAGE:.0%} full "
+                f"within {WARNING_USAGE_WINDOW_SECONDS:g} s, or above {WARNING_CERTAIN}), red "
+                f"from the page ({ALERT_THRESHOLD}, with "
                 f"the cache over {ALERT_USAGE:.0%} full within a minute). Above them: shed "
                 f"or reroute load, lower --max-num-seqs, or add KV memory. 'calibrated': how "
                 f"often, on this pod since vLLM last restarted, a score in the same band was "

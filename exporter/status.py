@@ -26,8 +26,11 @@ from exporter.risk.model import (
     EDGE_FOR_SECONDS,
     EDGE_THRESHOLD,
     HORIZON,
+    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
 )
 from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
@@ -73,37 +76,51 @@ def _bottleneck(v: EngineView) -> tuple[str | None, str]:
     return getattr(v, "bottleneck", None), str(getattr(v, "bottleneck_evidence", "") or "")
 
 
-def usage_peak(v: EngineView, snap: Snapshot, trail: Trail | None) -> float | None:
-    """vLLM's cache usage at its highest over the page's window, as the page's
-    ``max_over_time`` reads it: this poll and the trail's points inside the window."""
-    since = snap.time - ALERT_USAGE_WINDOW_SECONDS
+def usage_peak(
+    v: EngineView, snap: Snapshot, trail: Trail | None, window: float = ALERT_USAGE_WINDOW_SECONDS
+) -> float | None:
+    """vLLM's cache usage at its highest over an alert's window (the page's by default), as
+    its ``max_over_time`` reads it: this poll and the trail's points inside the window."""
+    since = snap.time - window
     seen = [p.kv_usage for p in (trail.points() if trail else ()) if p.time >= since]
     values = [u for u in (*seen, v.kv_usage) if u is not None]
     return max(values) if values else None
 
 
-def alerts_row(risk: float, peak: float | None) -> tuple[str, str, str]:
+def alerts_row(
+    risk: float, peak: float | None, recent: float | None = None
+) -> tuple[str, str, str]:
     """Which of the shipped alerts' conditions hold now, from the same constants the rules
-    are written from, so on-call can tell a page coming from a warning that is only early."""
+    are written from, so on-call can tell a page coming from a warning that is only early.
+    ``peak`` is the usage's peak over the page's window, ``recent`` over the warning's."""
     window = f"{ALERT_USAGE_WINDOW_SECONDS / 60:g} min"
     peak_text = "–" if peak is None else f"{peak:.2f}"
+    recent_text = "–" if recent is None else f"{recent:.2f}"
     page_now = risk > ALERT_THRESHOLD and peak is not None and peak > ALERT_USAGE
+    gated = risk > WARNING_THRESHOLD and recent is not None and recent > WARNING_USAGE
     if page_now:
         value = (
             "page armed: VllmKvCachePreemptionImminent fires once this holds "
             f"{ALERT_FOR_SECONDS:g} s"
         )
-    elif risk > WARNING_THRESHOLD:
+    elif gated or risk > WARNING_CERTAIN:
         value = (
             f"warning armed: VllmKvCachePreemptionLikely (never pages) fires once this holds "
             f"{WARNING_FOR_SECONDS:g} s"
+        )
+    elif risk > WARNING_THRESHOLD:
+        value = (
+            f"quiet: the score is above {WARNING_THRESHOLD:g}, but the warning waits for the "
+            f"cache to pass {WARNING_USAGE:g} (a burst that may still drain)"
         )
     else:
         value = "quiet: neither alert's condition holds"
     why = (
         f"the page: risk > {ALERT_THRESHOLD:g} (now {risk:.3f}) and the cache's peak over "
         f"{window} > {ALERT_USAGE:g} (now {peak_text}), the quieter and later one; "
-        f"the warning: risk > {WARNING_THRESHOLD:g}, earlier and noisier "
+        f"the warning: risk > {WARNING_THRESHOLD:g} and the cache's peak over "
+        f"{WARNING_USAGE_WINDOW_SECONDS:g} s > {WARNING_USAGE:g} (now {recent_text}), or "
+        f"risk > {WARNING_CERTAIN:g}, earlier and noisier "
         "(docs/risk-model.md#the-page-and-the-warning)"
     )
     return ("alerts", value, why)
@@ -122,7 +139,8 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         level = "high" if score >= HIGH_RISK else "watch" if score >= HIGH_RISK / 2 else "ok"
         risk_text = f"{score:.2f}"
         risk_why = (
-            f"a ranking score 0–1, not a probability; the warning alert starts at {HIGH_RISK:g}"
+            f"a ranking score 0–1, not a probability; the warning alert starts at {HIGH_RISK:g} "
+            f"once the cache has passed {WARNING_USAGE:g}, or at {WARNING_CERTAIN:g}"
         )
         if v.preemption_probability is not None:
             risk_why += (
@@ -183,7 +201,17 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
         )
     rows = [
         ("preemption risk", risk_text, risk_why),
-        *([alerts_row(r.preemption_risk, usage_peak(v, snap, trail))] if r and not v.stale else []),
+        *(
+            [
+                alerts_row(
+                    r.preemption_risk,
+                    usage_peak(v, snap, trail),
+                    usage_peak(v, snap, trail, WARNING_USAGE_WINDOW_SECONDS),
+                )
+            ]
+            if r and not v.stale
+            else []
+        ),
         ("forecast", forecast, forecast_why),
         ("load headroom", held, held_why),
         ("time to exhaustion", exhaustion, exhaustion_why),

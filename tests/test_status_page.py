@@ -21,7 +21,14 @@ from aiohttp.test_utils import TestServer
 from exporter.config import Config
 from exporter.demo_cli import sidecar_config, sidecar_deps
 from exporter.poller import Poller
-from exporter.risk.model import ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS
+from exporter.risk.model import (
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
+    WARNING_CERTAIN,
+    WARNING_THRESHOLD,
+    WARNING_USAGE,
+)
 from exporter.simulator.server import create_app as simulator_app
 from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.snapshot import Snapshot
@@ -265,8 +272,19 @@ def test_the_alerts_row_says_the_page_is_armed_only_with_the_score_and_the_usage
     None
 ):
     assert alerts_row(ALERT_THRESHOLD + 0.005, ALERT_USAGE + 0.05)[1].startswith("page armed")
-    assert alerts_row(ALERT_THRESHOLD + 0.005, ALERT_USAGE - 0.05)[1].startswith("warning armed")
-    assert alerts_row(0.2, ALERT_USAGE + 0.1)[1].startswith("quiet")
+    assert alerts_row(ALERT_THRESHOLD + 0.005, ALERT_USAGE - 0.05, WARNING_USAGE + 0.05)[
+        1
+    ].startswith("warning armed")
+    assert alerts_row(0.2, ALERT_USAGE + 0.1, ALERT_USAGE + 0.1)[1].startswith("quiet")
+
+
+def test_the_alerts_row_arms_the_warning_below_its_usage_gate_only_for_a_near_certain_score() -> (
+    None
+):
+    below = WARNING_USAGE - 0.2
+    assert alerts_row(WARNING_CERTAIN + 0.0005, below, below)[1].startswith("warning armed")
+    held = alerts_row(WARNING_THRESHOLD + 0.3, below, below)[1]
+    assert held.startswith("quiet: the score is above")
 
 
 async def test_the_usage_peak_is_the_highest_reading_of_the_pages_window_only(

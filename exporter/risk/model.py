@@ -106,15 +106,20 @@ Z_HALF = 4.5  # spreads of headroom at which the score is 0.5
 # empties by a batch's worth whenever requests finish, every 10-20 s under steady load: a
 # gate read sample by sample reset the page's 15 s there and it never fired
 # (tests/e2e/test_stack.py, stop 40's CI). The warning, which never pages, fires where the
-# score is above WARNING_THRESHOLD for WARNING_FOR_SECONDS: the page users had until issue
-# 34, whose lead warns the demo's burst and a real vLLM's cold start before the first
-# preemption (the frontier's own pick, 0.97, is quieter on the drawn hours but did not
-# warn the demo's burst in time in a real Prometheus).
+# score is above WARNING_THRESHOLD while the usage was above WARNING_USAGE at some sample of
+# the last WARNING_USAGE_WINDOW_SECONDS, or the score is above WARNING_CERTAIN, for
+# WARNING_FOR_SECONDS: the frontier's written choice (the gate) with a way around it where
+# the score is near certain, because on real vLLM's steep ramps and its cold start the
+# cache passes the gate only seconds before vLLM preempts (docs/risk-model.md, stop 46).
+# Ungated, the same score paged 4-10 false-alarm minutes per safe fuzz hour.
 ALERT_THRESHOLD = 0.99
 ALERT_USAGE = 0.8
 ALERT_USAGE_WINDOW_SECONDS = 60.0
 ALERT_FOR_SECONDS = 15.0
 WARNING_THRESHOLD = 0.5
+WARNING_USAGE = 0.7
+WARNING_USAGE_WINDOW_SECONDS = 30.0
+WARNING_CERTAIN = 0.999
 WARNING_FOR_SECONDS = 15.0
 # The score's midpoint: Z_HALF spreads of headroom (what the load headroom and the judged
 # past are measured against).

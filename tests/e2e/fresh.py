@@ -31,7 +31,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from exporter.risk.model import WARNING_THRESHOLD
+from exporter.risk.model import (
+    WARNING_CERTAIN,
+    WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
+)
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading
 from tests.e2e.vllm_harness import Request, RunResult, Sample, VllmServer, drive
@@ -123,22 +128,47 @@ class ColdStartRun:
             admitted = admitted or (s.waiting == 0 and s.running + s.waiting == COLD_BURST)
         return None
 
-    @property
-    def warning(self) -> Reading | None:
-        """The first reading above the alert threshold while the sidecar had seen no
+    def _first(self, holds: Callable[[int], bool]) -> Reading | None:
+        """The first reading at which ``holds`` (by index) while the sidecar had seen no
         preemption, taken before vLLM counted one."""
         first = self.first_preemption
         return next(
             (
                 r
-                for r in self.readings
+                for i, r in enumerate(self.readings)
                 if r.risk is not None
-                and r.risk > WARNING_THRESHOLD
                 and r.preemptions == 0
                 and (first is None or r.t < first)
+                and holds(i)
             ),
             None,
         )
+
+    @property
+    def high(self) -> Reading | None:
+        """The first reading whose score is above the warning's threshold."""
+        return self._first(lambda i: (self.readings[i].risk or 0.0) > WARNING_THRESHOLD)
+
+    @property
+    def warning(self) -> Reading | None:
+        """The first reading at which the shipped warning's condition holds: the score above
+        WARNING_THRESHOLD with the usage above WARNING_USAGE at some reading of the last
+        WARNING_USAGE_WINDOW_SECONDS, or the score above WARNING_CERTAIN (no ``for:``: a
+        cold start fills its cache in less)."""
+
+        def holds(i: int) -> bool:
+            now = self.readings[i]
+            risk = now.risk or 0.0
+            recent = [
+                r.usage or 0.0
+                for r in self.readings[: i + 1]
+                if r.t > now.t - WARNING_USAGE_WINDOW_SECONDS
+            ]
+            return risk > WARNING_CERTAIN or (
+                risk > WARNING_THRESHOLD and max(recent) > WARNING_USAGE
+            )
+
+        return self._first(holds)
 
     def before_preemption(self) -> list[Reading]:
         first = self.first_preemption
@@ -303,7 +333,8 @@ def batch_server() -> VllmServer:
 
 def cold_summary(run: ColdStartRun) -> str:
     first = run.first_preemption
-    warn = run.warning
+    warn = run.high
+    alert = run.warning
     before = run.before_preemption()
     peak = max((r.risk for r in before if r.risk is not None), default=float("nan"))
     if first is None:
@@ -315,6 +346,11 @@ def cold_summary(run: ColdStartRun) -> str:
         + f"(history {warn.history:.0f} s)"
         if warn is not None and warn.risk is not None and warn.history is not None
         else f"risk never above {WARNING_THRESHOLD} before it (at most {peak:.2f})"
+    ) + (
+        f"; the warning's condition {first - alert.t:.1f} s before it"
+        + (f" and {evicted - alert.t:.1f} s before the first eviction" if evicted else "")
+        if alert is not None
+        else "; the warning's condition never held before it"
     )
     return (
         f"cold start: burst {run.burst_at - run.sidecar_started:.0f} s after the sidecar "

@@ -29,8 +29,11 @@ from exporter.risk.model import (
     ALERT_THRESHOLD,
     ALERT_USAGE,
     ALERT_USAGE_WINDOW_SECONDS,
+    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
 )
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading, value
@@ -140,13 +143,14 @@ def alert_fired_at(
     series: Sequence[tuple[float, float, float]], warning: bool = False
 ) -> float | None:
     """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
-    a (time, risk, usage) series; the page's usage gate is the peak of the last
-    ALERT_USAGE_WINDOW_SECONDS, as its max_over_time reads it."""
+    a (time, risk, usage) series; each usage gate is the peak of its window, as its
+    max_over_time reads it."""
     hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
     pending = None
     for i, (t, risk, _) in enumerate(series):
         if warning:
-            holds = risk > WARNING_THRESHOLD
+            recent = max(u for s, _, u in series[: i + 1] if s > t - WARNING_USAGE_WINDOW_SECONDS)
+            holds = risk > WARNING_CERTAIN or (risk > WARNING_THRESHOLD and recent > WARNING_USAGE)
         else:
             peak = max(u for s, _, u in series[: i + 1] if s > t - ALERT_USAGE_WINDOW_SECONDS)
             holds = risk > ALERT_THRESHOLD and peak > ALERT_USAGE

@@ -13,8 +13,11 @@ from exporter.risk.model import (
     ALERT_USAGE_WINDOW_SECONDS,
     EDGE_FOR_SECONDS,
     EDGE_THRESHOLD,
+    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
     WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
 )
 from tests.rules.rulefiles import Rule, alerts, seconds
 
@@ -47,11 +50,19 @@ def test_preemption_alert_for_is_alert_for_seconds() -> None:
     assert seconds(_rule().body["for"]) == ALERT_FOR_SECONDS
 
 
-def test_the_warning_is_the_score_above_warning_threshold_for_its_seconds() -> None:
+def test_the_warning_is_the_gated_score_or_a_near_certain_one_for_its_seconds() -> None:
     rule = _rule(WARNING)
-    m = re.fullmatch(rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s*", rule.expr)
+    m = re.fullmatch(
+        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+"
+        rf"max_over_time\(kv_headroom_kv_usage_ratio\[(\w+)\]\)\s*>\s*{NUMBER}\s+or\s+"
+        rf"kv_headroom_preemption_risk\s*>\s*{NUMBER}\s*",
+        rule.expr,
+    )
     assert m, f"unexpected expression: {rule.expr!r}"
     assert float(m.group(1)) == WARNING_THRESHOLD
+    assert seconds(m.group(2)) == WARNING_USAGE_WINDOW_SECONDS
+    assert float(m.group(3)) == WARNING_USAGE
+    assert float(m.group(4)) == WARNING_CERTAIN
     assert seconds(rule.body["for"]) == WARNING_FOR_SECONDS
 
 
