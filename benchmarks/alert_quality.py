@@ -78,6 +78,8 @@ from exporter.risk.model import (
     WARNING_THRESHOLD,
     WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
+    page_holds,
+    warning_holds,
 )
 from exporter.simulator.scenario import Scenario
 
@@ -151,12 +153,16 @@ def score_and_usage_peak(th: float, u: float, window: float) -> Condition:
     return series_above(gated, u)
 
 
-_WARNING_GATE = score_and_usage_peak(WARNING_THRESHOLD, WARNING_USAGE, WARNING_USAGE_WINDOW_SECONDS)
+def shipped_condition(holds: Callable[[float, float | None], bool], window: float) -> Condition:
+    """A shipped alert's expression at every poll: ``holds`` (the model's ``page_holds`` or
+    ``warning_holds``, which the status page and the e2e checks ask too) on the score and
+    the usage's peak over ``window``."""
 
+    def held(ticks: list[Tick]) -> list[float]:
+        peak = max_over_time(ticks, window)
+        return [float(holds(t.preemption_risk, m)) for t, m in zip(ticks, peak, strict=True)]
 
-def warning_condition(ticks: list[Tick], i: int) -> bool:
-    """The shipped warning's expression at poll ``i``: the gated score, or a near-certain one."""
-    return ticks[i].preemption_risk > WARNING_CERTAIN or _WARNING_GATE(ticks, i)
+    return series_above(held, 0.5)
 
 
 RULES = (
@@ -166,7 +172,7 @@ RULES = (
         f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and max_over_time("
         f"kv_headroom_kv_usage_ratio[{ALERT_USAGE_WINDOW_SECONDS / 60:g}m]) > {ALERT_USAGE:g} "
         f"for {ALERT_FOR_SECONDS:g}s",
-        score_and_usage_peak(ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS),
+        shipped_condition(page_holds, ALERT_USAGE_WINDOW_SECONDS),
         ALERT_FOR_SECONDS,
     ),
     Rule(
@@ -174,7 +180,7 @@ RULES = (
         f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} and max_over_time("
         f"kv_headroom_kv_usage_ratio[{WARNING_USAGE_WINDOW_SECONDS:g}s]) > {WARNING_USAGE:g} "
         f"or kv_headroom_preemption_risk > {WARNING_CERTAIN:g} for {WARNING_FOR_SECONDS:g}s",
-        warning_condition,
+        shipped_condition(warning_holds, WARNING_USAGE_WINDOW_SECONDS),
         WARNING_FOR_SECONDS,
     ),
     Rule(

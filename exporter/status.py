@@ -31,6 +31,8 @@ from exporter.risk.model import (
     WARNING_THRESHOLD,
     WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
+    page_holds,
+    warning_holds,
 )
 from exporter.snapshot import EngineView, GpuView, Snapshot, SourceState
 from exporter.sources.vllm import redact
@@ -96,14 +98,12 @@ def alerts_row(
     window = f"{ALERT_USAGE_WINDOW_SECONDS / 60:g} min"
     peak_text = "–" if peak is None else f"{peak:.2f}"
     recent_text = "–" if recent is None else f"{recent:.2f}"
-    page_now = risk > ALERT_THRESHOLD and peak is not None and peak > ALERT_USAGE
-    gated = risk > WARNING_THRESHOLD and recent is not None and recent > WARNING_USAGE
-    if page_now:
+    if page_holds(risk, peak):
         value = (
             "page armed: VllmKvCachePreemptionImminent fires once this holds "
             f"{ALERT_FOR_SECONDS:g} s"
         )
-    elif gated or risk > WARNING_CERTAIN:
+    elif warning_holds(risk, recent):
         value = (
             f"warning armed: VllmKvCachePreemptionLikely (never pages) fires once this holds "
             f"{WARNING_FOR_SECONDS:g} s"

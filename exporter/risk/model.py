@@ -448,6 +448,20 @@ def current_epoch(points: Sequence[Point]) -> Sequence[Point]:
     return [p for p in points if p.epoch == points[-1].epoch]
 
 
+def page_holds(risk: float, usage_peak: float | None) -> bool:
+    """The page's expression at one evaluation, ``usage_peak`` the usage's highest over the
+    last ALERT_USAGE_WINDOW_SECONDS (its ``max_over_time``), as rules/kv-headroom.rules.yml
+    writes it: the benchmarks, the status page and the e2e checks all ask this function."""
+    return risk > ALERT_THRESHOLD and usage_peak is not None and usage_peak > ALERT_USAGE
+
+
+def warning_holds(risk: float, usage_peak: float | None) -> bool:
+    """The warning's expression at one evaluation, ``usage_peak`` over the last
+    WARNING_USAGE_WINDOW_SECONDS."""
+    gated = risk > WARNING_THRESHOLD and usage_peak is not None and usage_peak > WARNING_USAGE
+    return gated or risk > WARNING_CERTAIN
+
+
 def assess(inputs: Inputs) -> Risk:
     if not inputs.points:
         return IDLE

@@ -32,10 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exporter.risk.model import (
-    WARNING_CERTAIN,
     WARNING_THRESHOLD,
-    WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
+    warning_holds,
 )
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading
@@ -164,9 +163,7 @@ class ColdStartRun:
                 for r in self.readings[: i + 1]
                 if r.t > now.t - WARNING_USAGE_WINDOW_SECONDS
             ]
-            return risk > WARNING_CERTAIN or (
-                risk > WARNING_THRESHOLD and max(recent) > WARNING_USAGE
-            )
+            return warning_holds(risk, max(recent))
 
         return self._first(holds)
 

@@ -26,14 +26,11 @@ from typing import Any, TypeVar
 
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
-    ALERT_THRESHOLD,
-    ALERT_USAGE,
     ALERT_USAGE_WINDOW_SECONDS,
-    WARNING_CERTAIN,
     WARNING_FOR_SECONDS,
-    WARNING_THRESHOLD,
-    WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
+    page_holds,
+    warning_holds,
 )
 from tests.conftest import FIXTURES
 from tests.e2e.gauges import Reading, reading, value
@@ -148,13 +145,9 @@ def alert_fired_at(
     hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
     pending = None
     for i, (t, risk, _) in enumerate(series):
-        if warning:
-            recent = max(u for s, _, u in series[: i + 1] if s > t - WARNING_USAGE_WINDOW_SECONDS)
-            holds = risk > WARNING_CERTAIN or (risk > WARNING_THRESHOLD and recent > WARNING_USAGE)
-        else:
-            peak = max(u for s, _, u in series[: i + 1] if s > t - ALERT_USAGE_WINDOW_SECONDS)
-            holds = risk > ALERT_THRESHOLD and peak > ALERT_USAGE
-        if holds:
+        window = WARNING_USAGE_WINDOW_SECONDS if warning else ALERT_USAGE_WINDOW_SECONDS
+        peak = max(u for s, _, u in series[: i + 1] if s > t - window)
+        if (warning_holds if warning else page_holds)(risk, peak):
             pending = t if pending is None else pending
             if t - pending >= hold:
                 return t

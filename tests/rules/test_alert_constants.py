@@ -18,6 +18,8 @@ from exporter.risk.model import (
     WARNING_THRESHOLD,
     WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
+    page_holds,
+    warning_holds,
 )
 from tests.rules.rulefiles import Rule, alerts, seconds
 
@@ -91,3 +93,17 @@ def test_durations_are_read_as_prometheus_writes_them() -> None:
     assert seconds("15s") == 15
     assert seconds("1m30s") == 90
     assert seconds("1d") == 86400
+
+
+def test_the_page_holds_only_with_both_the_score_and_the_usage_peak_above_their_lines() -> None:
+    assert page_holds(ALERT_THRESHOLD + 0.001, ALERT_USAGE + 0.01)
+    assert not page_holds(ALERT_THRESHOLD + 0.001, ALERT_USAGE - 0.01)
+    assert not page_holds(ALERT_THRESHOLD - 0.001, 1.0)
+    assert not page_holds(1.0, None)
+
+
+def test_the_warning_holds_on_the_gated_score_or_a_near_certain_one_alone() -> None:
+    assert warning_holds(WARNING_THRESHOLD + 0.01, WARNING_USAGE + 0.01)
+    assert not warning_holds(WARNING_THRESHOLD + 0.01, WARNING_USAGE - 0.01)
+    assert warning_holds(WARNING_CERTAIN + 0.0001, None)
+    assert not warning_holds(WARNING_THRESHOLD - 0.01, 1.0)
