@@ -7,7 +7,10 @@ the code it is meant to hold still. ``BEFORE`` is main before issue 27 began (54
 every poll is compared, and the only fields left out are those ``CHANGED_ON_PURPOSE``
 since. ``BEFORE_PACED`` is the model just before a queue waiting for prefill compute
 narrowed the spread (``paced_factor``, 020a786): against it, the compute-bound polls may
-differ in the spread and the score alone, and only narrow the spread.
+differ in the spread and the score alone, and only narrow the spread. Since stop 47 a
+compute-bound poll is paced only once its queue has stood ``PACED_SECONDS``; the pinned
+models score the others as unpaced when handed them as ``max_num_seqs``-bound (the one
+other label that holds a queue out of the KV forecast, and none of them paces it).
 
 CI clones with full history; without git or a revision these tests fail (never skip).
 """
@@ -29,7 +32,14 @@ import pytest
 from benchmarks.library import load_scenario
 from exporter import snapshot
 from exporter.replay import replay
-from exporter.risk.model import Inputs, Risk, assess
+from exporter.risk.model import (
+    PACED_SECONDS,
+    Inputs,
+    Risk,
+    assess,
+    current_epoch,
+    queued_throughout,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_PATH = "exporter/risk/model.py"
@@ -118,6 +128,17 @@ def replayed_inputs(name: str, monkeypatch: pytest.MonkeyPatch) -> list[Inputs]:
     return seen
 
 
+def as_pinned_sees_it(inputs: Inputs) -> Inputs:
+    """What a pinned model must be handed to score a poll as today's does: a compute-bound
+    poll whose queue has not stood ``PACED_SECONDS`` is not paced today, so the pinned model
+    gets it labelled ``max_num_seqs`` (unpaced, its queue held out of the forecast alike)."""
+    if inputs.bottleneck != "compute" or not inputs.points:
+        return inputs
+    if queued_throughout(current_epoch(inputs.points), PACED_SECONDS):
+        return inputs
+    return dataclasses.replace(inputs, bottleneck="max_num_seqs")
+
+
 def restarted(inputs: Inputs) -> Inputs:
     """The same history with vLLM restarting half-way (a new epoch)."""
     half = len(inputs.points) // 2
@@ -150,7 +171,7 @@ def test_every_risk_figure_is_the_one_the_model_before_issue_27_gave_but_those_c
     cases += [restarted(c) for c in cases[::10]]
     changed = CHANGED_ON_PURPOSE | ({"preemption_risk"} if name == CEILING_BINDS else set())
     for inputs in cases:
-        assert_same(assess(inputs), before.assess(inputs), frozenset(changed))
+        assert_same(assess(inputs), before.assess(as_pinned_sees_it(inputs)), frozenset(changed))
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -163,7 +184,7 @@ def test_the_resident_weighted_ceiling_only_raises_the_score_where_the_ceiling_b
     cases = replayed_inputs(name, monkeypatch)
     raised = 0
     for inputs in cases:
-        new, old = assess(inputs), before_resident.assess(inputs)
+        new, old = assess(inputs), before_resident.assess(as_pinned_sees_it(inputs))
         if name != CEILING_BINDS:
             assert_same(new, old, frozenset())
             continue
@@ -185,12 +206,13 @@ def test_every_name_changed_on_purpose_is_a_risk_field(before: ModuleType) -> No
 def test_a_queue_waiting_for_compute_only_narrows_the_spread(
     before_paced: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Against the model before paced admission, a compute-bound poll differs in the
-    spread and the score alone (besides ``CHANGED_ON_PURPOSE``), and the spread narrows."""
+    """Against the model before paced admission, a compute-bound poll (its queue standing
+    ``PACED_SECONDS``) differs in the spread and the score alone (besides
+    ``CHANGED_ON_PURPOSE``), and the spread narrows."""
     cases = [
         c
         for c in replayed_inputs("trace-prefill-bursts-overload", monkeypatch)
-        if c.bottleneck == "compute"
+        if as_pinned_sees_it(c).bottleneck == "compute"
     ]
     narrower = 0
     for inputs in cases:
@@ -199,3 +221,16 @@ def test_a_queue_waiting_for_compute_only_narrows_the_spread(
         assert new.spread_tokens <= old.spread_tokens * (1 + 1e-9)
         narrower += new.spread_tokens < old.spread_tokens * 0.99
     assert narrower >= len(cases) // 2 > 0
+
+
+def test_a_queue_that_has_not_stood_its_time_is_not_paced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's ramp has compute-bound polls whose queue came between two steps: today's
+    model scores them as unpaced, and the pinned comparisons above do see such polls."""
+    cases = replayed_inputs("trace-prefill-bursts-overload", monkeypatch)
+    cases += replayed_inputs("demo", monkeypatch)
+    compute = [c for c in cases if c.bottleneck == "compute"]
+    fresh = [c for c in compute if as_pinned_sees_it(c) is not c]
+    assert fresh
+    assert len(fresh) < len(compute)
+    for inputs in fresh:
+        assert assess(inputs) == assess(dataclasses.replace(inputs, bottleneck="max_num_seqs"))
