@@ -66,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.library import builtin_names, load_scenario
 from exporter.log import configure
+from exporter.metrics import USAGE_PEAK_PAGE, USAGE_PEAK_WARNING
 from exporter.replay import Replay, Tick, replay
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
@@ -169,16 +170,15 @@ RULES = (
     # The shipped page and warning, as rules/kv-headroom.rules.yml writes them.
     Rule(
         "kv_headroom",
-        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and max_over_time("
-        f"kv_headroom_kv_usage_ratio[{ALERT_USAGE_WINDOW_SECONDS / 60:g}m]) > {ALERT_USAGE:g} "
-        f"for {ALERT_FOR_SECONDS:g}s",
+        f"kv_headroom_preemption_risk > {ALERT_THRESHOLD:g} and "
+        f"kv_headroom_{USAGE_PEAK_PAGE} > {ALERT_USAGE:g} for {ALERT_FOR_SECONDS:g}s",
         shipped_condition(page_holds, ALERT_USAGE_WINDOW_SECONDS),
         ALERT_FOR_SECONDS,
     ),
     Rule(
         "kv_headroom_warning",
-        f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} and max_over_time("
-        f"kv_headroom_kv_usage_ratio[{WARNING_USAGE_WINDOW_SECONDS:g}s]) > {WARNING_USAGE:g} "
+        f"kv_headroom_preemption_risk > {WARNING_THRESHOLD:g} and "
+        f"kv_headroom_{USAGE_PEAK_WARNING} > {WARNING_USAGE:g} "
         f"or kv_headroom_preemption_risk > {WARNING_CERTAIN:g} for {WARNING_FOR_SECONDS:g}s",
         shipped_condition(warning_holds, WARNING_USAGE_WINDOW_SECONDS),
         WARNING_FOR_SECONDS,

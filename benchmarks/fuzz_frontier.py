@@ -76,6 +76,9 @@ from exporter.risk.model import (
     ALERT_USAGE,
     ALERT_USAGE_WINDOW_SECONDS,
     HORIZON,
+    WARNING_USAGE_WINDOW_SECONDS,
+    page_holds,
+    warning_holds,
 )
 from exporter.risk.odds import Odds
 
@@ -563,19 +566,50 @@ def scraped_score_and_usage_peak(
     return series_above(gated, u)
 
 
+def scraped_shipped(
+    holds: Callable[[float, float | None], bool], window: float, every: float
+) -> alert_quality.Condition:
+    """A shipped alert as a Prometheus scraping every ``every`` seconds reads it: the score
+    and the sidecar's own usage peak over its polls of the last ``window``
+    (``kv_headroom_kv_usage_max_*_ratio``), both held from the last scrape."""
+
+    def held(ticks: list[Tick]) -> list[float]:
+        peak = alert_quality.max_over_time(ticks, window)
+        out: list[float] = []
+        last = 0
+        for i, x in enumerate(ticks):
+            if math.floor(x.t / every) != math.floor(ticks[last].t / every):
+                last = i
+            out.append(float(holds(ticks[last].preemption_risk, peak[last])))
+        return out
+
+    return series_above(held, 0.5)
+
+
 def scrape_rules() -> list[Rule]:
-    """The shipped page as 15-s and 30-s scrapes see it: a measurement, not a candidate."""
+    """The shipped page and warning as 15-s and 30-s scrapes see them, and the page as
+    Prometheus's own peak of the scraped usage reads it (a sidecar older than the peak
+    gauges): measurements, not candidates."""
     hold = ALERT_FOR_SECONDS
-    return [
-        Rule(
-            f"page at {every:g}-s scrapes", f"page at {every:g}-s scrapes",
-            scraped_score_and_usage_peak(
-                ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS, every
-            ),
-            hold,
-        )
-        for every in (15.0, 30.0)
-    ]  # fmt: skip
+    out = []
+    for every in (15.0, 30.0):
+        for alert, holds, window in (
+            ("page", page_holds, ALERT_USAGE_WINDOW_SECONDS),
+            ("warning", warning_holds, WARNING_USAGE_WINDOW_SECONDS),
+        ):
+            name = f"{alert} at {every:g}-s scrapes"
+            out.append(Rule(name, name, scraped_shipped(holds, window, every), hold))
+        name = f"page at {every:g}-s scrapes, Prometheus's peak"
+        out.append(
+            Rule(
+                name, name,
+                scraped_score_and_usage_peak(
+                    ALERT_THRESHOLD, ALERT_USAGE, ALERT_USAGE_WINDOW_SECONDS, every
+                ),
+                hold,
+            )
+        )  # fmt: skip
+    return out
 
 
 def candidate_rules() -> list[Rule]:

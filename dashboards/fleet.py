@@ -104,7 +104,8 @@ def fleet_overview() -> dashboard_m.Dashboard:
             merged_table(
                 "Models",
                 "One row per model, now. Pods: sidecars reporting. Highest risk: the worst "
-                "pod's preemption risk (the warning above 0.5). Lowest headroom: the pod with the "
+                "pod's preemption risk (the warning's line is 0.5 once the cache has passed "
+                f"{WARNING_USAGE:.0%}). Lowest headroom: the pod with the "
                 "least room, in multiples of its traffic (below 1: it already gets more than "
                 f"it holds). Load: pods' worth of traffic. Replicas needed: at a "
                 f"{TARGET_HEADROOM:g} target headroom, as the autoscaling examples use it.",

@@ -27,7 +27,17 @@ from exporter.labels import (
 )
 from exporter.risk.bottleneck import RESOURCES
 from exporter.risk.headroom import RESOURCES as HEADROOM_RESOURCES
-from exporter.risk.model import EDGE_FOR_SECONDS, EDGE_THRESHOLD
+from exporter.risk.model import (
+    ALERT_THRESHOLD,
+    ALERT_USAGE,
+    ALERT_USAGE_WINDOW_SECONDS,
+    EDGE_FOR_SECONDS,
+    EDGE_THRESHOLD,
+    WARNING_CERTAIN,
+    WARNING_THRESHOLD,
+    WARNING_USAGE,
+    WARNING_USAGE_WINDOW_SECONDS,
+)
 from exporter.snapshot import EngineView, Snapshot
 
 PREFIX = "kv_headroom_"
@@ -50,6 +60,16 @@ class Spec:
 
 
 _E = ("engine",)
+
+
+def span(seconds: float) -> str:
+    """A window as PromQL writes a duration: 1m, 30s."""
+    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
+
+
+# The alerts' usage gates, named by their windows (rules/kv-headroom.rules.yml reads them).
+USAGE_PEAK_PAGE = f"kv_usage_max_{span(ALERT_USAGE_WINDOW_SECONDS)}_ratio"
+USAGE_PEAK_WARNING = f"kv_usage_max_{span(WARNING_USAGE_WINDOW_SECONDS)}_ratio"
 METRICS: tuple[Spec, ...] = (
     # capacity
     Spec("kv_bytes_per_token", "gauge", (), "KV cache bytes one token of context costs on one GPU (all its layers).", "bytes", "config (or implied: kv_cache_memory_bytes ÷ tokens)"),
@@ -63,6 +83,8 @@ METRICS: tuple[Spec, ...] = (
     Spec("max_sequences", "gauge", ("engine", "context"), "Whole sequences of the given context the KV cache holds at once.", "sequences", "derived"),
     # load
     Spec("kv_usage_ratio", "gauge", _E, "KV cache blocks held by live requests, 0-1 (vLLM kv_cache_usage_perc).", "ratio", "vLLM"),
+    Spec(USAGE_PEAK_PAGE, "gauge", _E, f"vLLM's KV usage at its highest over the sidecar's polls of the last {ALERT_USAGE_WINDOW_SECONDS:g} s, 0-1: the page's gate (a Prometheus scraping every 15 s sees four samples a minute and misses the peaks between them).", "ratio", "vLLM"),
+    Spec(USAGE_PEAK_WARNING, "gauge", _E, f"vLLM's KV usage at its highest over the sidecar's polls of the last {WARNING_USAGE_WINDOW_SECONDS:g} s, 0-1: the warning's gate.", "ratio", "vLLM"),
     Spec("kv_used_tokens", "gauge", _E, "KV slots held by live requests (usage × usable blocks × block size).", "tokens", "vLLM + derived"),
     Spec("kv_free_tokens", "gauge", _E, "KV slots free now.", "tokens", "vLLM + derived"),
     Spec("free_sequences", "gauge", ("engine", "context"), "Sequences of the given context that still fit in the free KV cache.", "sequences", "derived"),
@@ -87,7 +109,7 @@ METRICS: tuple[Spec, ...] = (
     Spec("committed_tokens", "gauge", _E, "KV tokens the running sequences are still expected to add: running × mean remaining generation length.", "tokens", "risk model"),
     Spec("seconds_to_exhaustion", "gauge", _E, "When the risk score's own forecast crosses the KV capacity: from the occupancy now to the forecast level 3 minutes ahead, then along the trend; +Inf when it never does (not on this trend).", "seconds", "risk model"),
     Spec("forecast_usage_ratio", "gauge", _E, f"The risk score's forecast KV level 3 minutes ahead over the capacity (0-1; above 1 it overflows); above {EDGE_THRESHOLD:g} for {EDGE_FOR_SECONDS / 60:g} minutes the server runs at the edge (a ticket, not a page).", "ratio", "risk model"),
-    Spec("preemption_risk", "gauge", _E, "Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); the warning fires above 0.5, the page above 0.99 while the cache was over 80 % full within the last minute.", "ratio", "risk model"),
+    Spec("preemption_risk", "gauge", _E, f"Score 0-1 that vLLM preempts within about 3 minutes (forecast KV level with trend and the queue as fast as it is admitted vs capacity, capped by max_num_seqs, and the running batch's overcommit); the warning fires above {WARNING_THRESHOLD:g} while the cache was over {WARNING_USAGE:.0%} full within the last {WARNING_USAGE_WINDOW_SECONDS:g} s (or above {WARNING_CERTAIN:g}), the page above {ALERT_THRESHOLD:g} while it was over {ALERT_USAGE:.0%} full within the last minute.", "ratio", "risk model"),
     Spec("preemption_probability", "gauge", _E, "How often, on this engine since its last restart, a preemption_risk in the band of the current one was followed by a preemption within about 3 minutes (a prior from the fuzz tier to start, decaying with a one-day half-life); a calibrated probability for dashboards, not what the alerts read.", "ratio", "risk model"),
     Spec("risk_history_seconds", "gauge", _E, "How much history (since the sidecar or vLLM started) the risk figures rest on; below 120 priors stand in for the trend and the request mix.", "seconds", "risk model"),
     Spec("load_headroom_ratio", "gauge", _E, "How many times today's traffic (arrival rate, same request mix) the engine holds before the forecast KV level reaches the preemption alert point or the batch fills max_num_seqs, counting that a busier engine steps more slowly (KV reads, prefill); below 1: scale out. Absent without traffic.", "ratio", "risk model"),
@@ -267,6 +289,8 @@ class SnapshotCollector:
         for label, users in v.max_users.items():
             f.add("max_users", [e, label], users)
         f.add("kv_usage_ratio", [e], v.kv_usage)
+        f.add(USAGE_PEAK_PAGE, [e], v.kv_usage_peak_page)
+        f.add(USAGE_PEAK_WARNING, [e], v.kv_usage_peak_warning)
         if v.occupancy is not None:
             f.add("kv_used_tokens", [e], v.occupancy.used_tokens)
             f.add("kv_free_tokens", [e], v.occupancy.free_tokens)

@@ -35,7 +35,16 @@ from exporter.observe import History, Observation, Totals
 from exporter.recent import Recent
 from exporter.risk.bottleneck import Bottleneck, classify, settled
 from exporter.risk.headroom import LoadHeadroom, load_headroom
-from exporter.risk.model import Inputs, Point, Risk, assess, current_epoch
+from exporter.risk.model import (
+    ALERT_USAGE_WINDOW_SECONDS,
+    WARNING_USAGE_WINDOW_SECONDS,
+    Inputs,
+    Point,
+    Risk,
+    assess,
+    current_epoch,
+    usage_peak,
+)
 from exporter.sources.base import Readings, SourceState
 from exporter.sources.model_dir import LoadedModel
 from exporter.sources.nvml import GPU_MEMORY, GpuMemory
@@ -85,6 +94,10 @@ class EngineView:
     # How many times today's traffic the engine holds, and what binds first (risk/headroom.py).
     load_headroom_ratio: float | None = None
     load_headroom_resource: str | None = None
+    # vLLM's usage at its highest over the page's and the warning's windows of polls: the
+    # gates the alerts read (risk/model.py usage_peak).
+    kv_usage_peak_page: float | None = None
+    kv_usage_peak_warning: float | None = None
 
 
 @dataclass(frozen=True)
@@ -428,6 +441,8 @@ def engine_view(
         load_headroom_ratio=headroom.ratio if headroom is not None else None,
         load_headroom_resource=headroom.resource if headroom is not None else None,
         budget_drift_ratio=cap.budget_drift_ratio,
+        kv_usage_peak_page=None if stale else usage_peak(points, ALERT_USAGE_WINDOW_SECONDS),
+        kv_usage_peak_warning=None if stale else usage_peak(points, WARNING_USAGE_WINDOW_SECONDS),
     )
 
 

@@ -78,17 +78,6 @@ def _bottleneck(v: EngineView) -> tuple[str | None, str]:
     return getattr(v, "bottleneck", None), str(getattr(v, "bottleneck_evidence", "") or "")
 
 
-def usage_peak(
-    v: EngineView, snap: Snapshot, trail: Trail | None, window: float = ALERT_USAGE_WINDOW_SECONDS
-) -> float | None:
-    """vLLM's cache usage at its highest over an alert's window (the page's by default), as
-    its ``max_over_time`` reads it: this poll and the trail's points inside the window."""
-    since = snap.time - window
-    seen = [p.kv_usage for p in (trail.points() if trail else ()) if p.time >= since]
-    values = [u for u in (*seen, v.kv_usage) if u is not None]
-    return max(values) if values else None
-
-
 def alerts_row(
     risk: float, peak: float | None, recent: float | None = None
 ) -> tuple[str, str, str]:
@@ -202,13 +191,7 @@ def _headline(v: EngineView, snap: Snapshot, trail: Trail | None) -> str:
     rows = [
         ("preemption risk", risk_text, risk_why),
         *(
-            [
-                alerts_row(
-                    r.preemption_risk,
-                    usage_peak(v, snap, trail),
-                    usage_peak(v, snap, trail, WARNING_USAGE_WINDOW_SECONDS),
-                )
-            ]
+            [alerts_row(r.preemption_risk, v.kv_usage_peak_page, v.kv_usage_peak_warning)]
             if r and not v.stale
             else []
         ),

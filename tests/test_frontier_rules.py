@@ -15,6 +15,7 @@ import yaml
 from benchmarks import frontier_rules, fuzz_frontier
 from benchmarks.alert_quality import max_over_time, score_and_usage_peak
 from exporter.replay import Tick
+from exporter.risk.model import page_holds
 from tests.rules.test_promtool import promtool
 
 # A cache filling with noise, then levelling off: 36 samples 2 s apart.
@@ -147,6 +148,15 @@ def test_a_usage_peak_between_two_scrapes_is_not_seen_by_the_scraped_page() -> N
     page = score_and_usage_peak(0.99, 0.8, 60.0)
     assert page(ticks, len(ticks) - 1)
     assert not any(scraped(ticks, i) for i in range(len(ticks)))
+
+
+def test_the_shipped_page_at_15_s_scrapes_sees_a_peak_between_them_through_the_gauge() -> None:
+    # The same polls: the sidecar's own peak over its 2-s polls carries the 0.9 of t = 8 s
+    # to the 15-s scrape, where Prometheus's peak of its samples had only 0.5s.
+    ticks = _risky([0.5, 0.5, 0.5, 0.5, 0.9, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    scraped = fuzz_frontier.scraped_shipped(page_holds, 60.0, 15.0)
+    assert not scraped(ticks, 6)  # the 0-s scrape: before the peak
+    assert scraped(ticks, len(ticks) - 1)  # the 15-s scrape (t = 16 s poll) holds it
 
 
 def test_the_gated_warning_or_a_near_certain_score_passes_its_gate_only_when_near_certain() -> None:

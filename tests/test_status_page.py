@@ -24,7 +24,6 @@ from exporter.poller import Poller
 from exporter.risk.model import (
     ALERT_THRESHOLD,
     ALERT_USAGE,
-    ALERT_USAGE_WINDOW_SECONDS,
     WARNING_CERTAIN,
     WARNING_THRESHOLD,
     WARNING_USAGE,
@@ -34,7 +33,7 @@ from exporter.simulator.simulation import Simulation, load_scenario
 from exporter.snapshot import Snapshot
 from exporter.snapshot import empty as snapshot_empty
 from exporter.sources.vllm import VllmClient
-from exporter.status import alerts_row, status_page, usage_peak
+from exporter.status import alerts_row, status_page
 from exporter.trail import Trail
 
 START = 1_800_000_000.0
@@ -285,23 +284,6 @@ def test_the_alerts_row_arms_the_warning_below_its_usage_gate_only_for_a_near_ce
     assert alerts_row(WARNING_CERTAIN + 0.0005, below, below)[1].startswith("warning armed")
     held = alerts_row(WARNING_THRESHOLD + 0.3, below, below)[1]
     assert held.startswith("quiet: the score is above")
-
-
-async def test_the_usage_peak_is_the_highest_reading_of_the_pages_window_only(
-    demo: Callable[[str], Awaitable[Stack]],
-) -> None:
-    stack = await demo("demo")
-    snap = await stack.run(240)
-    trail = Trail()
-    view = snap.engines[0]
-    old, recent = (
-        replace(snap, time=snap.time - ALERT_USAGE_WINDOW_SECONDS - 5),
-        replace(snap, time=snap.time - ALERT_USAGE_WINDOW_SECONDS + 5),
-    )
-    trail.add(replace(old, engines=(replace(view, kv_usage=0.97),)))
-    trail.add(replace(recent, engines=(replace(view, kv_usage=0.83),)))
-    now = replace(snap, engines=(replace(view, kv_usage=0.4),))
-    assert usage_peak(now.engines[0], now, trail) == 0.83
 
 
 async def test_the_alerts_row_goes_quiet_then_warning_then_page_before_the_demos_first_preemption(

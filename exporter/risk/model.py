@@ -75,7 +75,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -460,6 +460,16 @@ def current_epoch(points: Sequence[Point]) -> Sequence[Point]:
     if not points or points[0].epoch == points[-1].epoch:
         return points
     return [p for p in points if p.epoch == points[-1].epoch]
+
+
+def usage_peak(points: Sequence[Point], window: float) -> float | None:
+    """vLLM's usage at its highest over the polls of the last ``window`` seconds (left-open,
+    as a range selector is): what each alert's gate reads. Exported by the sidecar from
+    its own polls because a Prometheus scraping every 15 s sees four samples a minute and
+    misses the peaks between them (a real vLLM's cache swings by a batch every 10-20 s)."""
+    if not points:
+        return None
+    return max(map(_USAGE, points[bisect_right(points, points[-1].t - window, key=_TIME) :]))
 
 
 def page_holds(risk: float, usage_peak: float | None) -> bool:

@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 
 from exporter.capacity.histogram import Histogram
-from exporter.risk.model import HORIZON, RISK_HALF, Inputs, Point, assess
+from exporter.risk.model import HORIZON, RISK_HALF, Inputs, Point, assess, usage_peak
 
 BOUNDS = (100.0, 200.0, 1000.0, 2000.0)
 
@@ -320,3 +320,13 @@ def test_the_crash_of_swings_whose_requests_have_left_does_not_hold_the_risk_up(
 
 def test_the_same_long_requests_are_a_risk_while_they_pile_up() -> None:
     assert assess(inputs(long_requests_then_short(240))).preemption_risk > RISK_HALF
+
+
+def test_the_usage_peak_is_the_highest_poll_inside_the_window_only() -> None:
+    readings = ((0.0, 0.97), (10.0, 0.83), (70.0, 0.4))
+    polls = [Point(t, u, 1.0, 0.0, 0.0, 0.0, 0) for t, u in readings]
+    assert usage_peak(polls, 65.0) == 0.83
+    # Left-open, as a range selector is: a poll exactly a window ago is outside it.
+    assert usage_peak(polls, 60.0) == 0.4
+    assert usage_peak(polls, 71.0) == 0.97
+    assert usage_peak([], 60.0) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from exporter.metrics import USAGE_PEAK_PAGE, USAGE_PEAK_WARNING
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
     ALERT_THRESHOLD,
@@ -26,6 +27,12 @@ from tests.rules.rulefiles import Rule, alerts, seconds
 ALERT = "VllmKvCachePreemptionImminent"
 WARNING = "VllmKvCachePreemptionLikely"
 NUMBER = r"([0-9.eE+-]+)"
+# A usage gate: the sidecar's peak gauge, or Prometheus's own peak of the usage (a sidecar
+# older than the gauge), each above the same line.
+GATE = (
+    rf"\(kv_headroom_(\w+)\s*>\s*{NUMBER}\s+or\s+"
+    rf"max_over_time\(kv_headroom_kv_usage_ratio\[(\w+)\]\)\s*>\s*{NUMBER}\)"
+)
 EDGE = "VllmKvCacheRunningAtEdge"
 
 
@@ -38,14 +45,13 @@ def test_the_page_is_the_score_above_alert_threshold_and_the_windows_usage_above
     None
 ):
     m = re.fullmatch(
-        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+"
-        rf"max_over_time\(kv_headroom_kv_usage_ratio\[(\w+)\]\)\s*>\s*{NUMBER}\s*",
-        _rule().expr,
+        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+{GATE}\s*", _rule().expr
     )
     assert m, f"unexpected expression: {_rule().expr!r}"
     assert float(m.group(1)) == ALERT_THRESHOLD
-    assert seconds(m.group(2)) == ALERT_USAGE_WINDOW_SECONDS
-    assert float(m.group(3)) == ALERT_USAGE
+    assert m.group(2) == USAGE_PEAK_PAGE
+    assert float(m.group(3)) == float(m.group(5)) == ALERT_USAGE
+    assert seconds(m.group(4)) == ALERT_USAGE_WINDOW_SECONDS
 
 
 def test_preemption_alert_for_is_alert_for_seconds() -> None:
@@ -55,16 +61,16 @@ def test_preemption_alert_for_is_alert_for_seconds() -> None:
 def test_the_warning_is_the_gated_score_or_a_near_certain_one_for_its_seconds() -> None:
     rule = _rule(WARNING)
     m = re.fullmatch(
-        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+"
-        rf"max_over_time\(kv_headroom_kv_usage_ratio\[(\w+)\]\)\s*>\s*{NUMBER}\s+or\s+"
+        rf"\s*kv_headroom_preemption_risk\s*>\s*{NUMBER}\s+and\s+{GATE}\s+or\s+"
         rf"kv_headroom_preemption_risk\s*>\s*{NUMBER}\s*",
         rule.expr,
     )
     assert m, f"unexpected expression: {rule.expr!r}"
     assert float(m.group(1)) == WARNING_THRESHOLD
-    assert seconds(m.group(2)) == WARNING_USAGE_WINDOW_SECONDS
-    assert float(m.group(3)) == WARNING_USAGE
-    assert float(m.group(4)) == WARNING_CERTAIN
+    assert m.group(2) == USAGE_PEAK_WARNING
+    assert float(m.group(3)) == float(m.group(5)) == WARNING_USAGE
+    assert seconds(m.group(4)) == WARNING_USAGE_WINDOW_SECONDS
+    assert float(m.group(6)) == WARNING_CERTAIN
     assert seconds(rule.body["for"]) == WARNING_FOR_SECONDS
 
 
