@@ -105,3 +105,29 @@ def test_a_plan_example_is_what_plan_prints(page: Path, capsys: pytest.CaptureFi
     main(command)  # its exit status is the example's to show; the output is the point
     printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert printed == [line for line in block.group(2).splitlines() if line.strip()]
+
+
+def _alert_row(section: str, rule: str) -> tuple[str, str, str]:
+    """(median lead, worst lead, false-alarm minutes per safe hour) of ``rule`` in one
+    section of ``docs/traffic/alert-quality.txt``, leads with the README's minus sign."""
+    text = (DOCS / "traffic" / "alert-quality.txt").read_text()
+    block = text.split(f"\n{section}\n", 1)[1]
+    m = re.search(rf"^{rule}\s+[\d.]+\s+([+-]\d+) s\s+([+-]\d+) s\s+([\d.]+)", block, re.M)
+    assert m, f"no {rule} row under {section!r}"
+    lead, worst, fa = m.groups()
+    return lead.lstrip("+").replace("-", "−"), worst.lstrip("+").replace("-", "−"), fa
+
+
+def test_the_readmes_alert_figures_are_the_benchmarks_last_output() -> None:
+    page, page_real = (
+        _alert_row("all scenarios", "kv_headroom"),
+        _alert_row("real traffic", "kv_headroom"),
+    )
+    warn = _alert_row("all scenarios", "kv_headroom_warning")
+    warn_real = _alert_row("real traffic", "kv_headroom_warning")
+    quoted = (
+        f"a median {page[0]} s before the first preemption ({page_real[0]} s on real traffic; "
+        f"{page[1]} s at worst) for {page[2]} false-alarm minutes per safe hour ({page_real[2]} "
+        f"real), the warning {warn[0]} s ({warn_real[0]} s) ahead for {warn[2]} ({warn_real[2]})"
+    )
+    assert quoted in " ".join(README.split())

@@ -28,9 +28,9 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   times ``E[∫size²]/E[∫size]`` over a request's life, from the prompt- and
   generation-length histograms (a request of prompt P growing G tokens: ``(G·P² + P·G² +
   G³/3) / (G·P + G²/2)``), times n for parallel samples that come and go together —
-  less while the queue waits for prefill compute: then tokens enter the cache at the
-  engine's pace, not at random, and only the decode lengths' spread moves the occupancy
-  (``paced_factor``); or the
+  less while a queue that has stood ``PACED_SECONDS`` waits for prefill compute: then
+  tokens enter the cache at the engine's pace, not at random, and only the decode
+  lengths' spread moves the occupancy (``paced_factor``); or the
   observed spread around the last half's trend when that is wider (near saturation
   steps slow down and the swings grow), scaled like the level when the load that made
   those swings is leaving (variance goes with the arrival rate), or with the requests
