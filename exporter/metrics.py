@@ -38,6 +38,7 @@ from exporter.risk.model import (
     WARNING_USAGE,
     WARNING_USAGE_WINDOW_SECONDS,
 )
+from exporter.settings import show_duration
 from exporter.snapshot import EngineView, Snapshot
 
 PREFIX = "kv_headroom_"
@@ -61,15 +62,10 @@ class Spec:
 
 _E = ("engine",)
 
-
-def span(seconds: float) -> str:
-    """A window as PromQL writes a duration: 1m, 30s."""
-    return f"{seconds / 60:g}m" if seconds % 60 == 0 else f"{seconds:g}s"
-
-
-# The alerts' usage gates, named by their windows (rules/kv-headroom.rules.yml reads them).
-USAGE_PEAK_PAGE = f"kv_usage_max_{span(ALERT_USAGE_WINDOW_SECONDS)}_ratio"
-USAGE_PEAK_WARNING = f"kv_usage_max_{span(WARNING_USAGE_WINDOW_SECONDS)}_ratio"
+# The alerts' usage gates, named by their windows as PromQL writes a duration (1m, 30s;
+# rules/kv-headroom.rules.yml reads them).
+USAGE_PEAK_PAGE = f"kv_usage_max_{show_duration(ALERT_USAGE_WINDOW_SECONDS)}_ratio"
+USAGE_PEAK_WARNING = f"kv_usage_max_{show_duration(WARNING_USAGE_WINDOW_SECONDS)}_ratio"
 METRICS: tuple[Spec, ...] = (
     # capacity
     Spec("kv_bytes_per_token", "gauge", (), "KV cache bytes one token of context costs on one GPU (all its layers).", "bytes", "config (or implied: kv_cache_memory_bytes ÷ tokens)"),
