@@ -111,6 +111,11 @@ class ModelArch:
     vision_params: int = 0  # a multimodal model's vision tower, loaded with it
     vision_profile_elems: int = 0  # patches of the largest image × the tower's MLP width
     vision_item_tokens: int = 0  # the language model's tokens for that image
+    # What the profile run holds of that image while the language model runs (plan.
+    # _encoder_profile): the encoder's output per token (its width into the language
+    # model, deepstack levels included) and the image's pixel values (elements).
+    vision_output_width: int = 0
+    vision_input_elems: int = 0
     # A dynamic-resolution tower's (patch_size, spatial_merge_size, MLP width): the largest
     # image follows the processor's max_pixels (deploy_flags.image_at_max_pixels).
     dynamic_vision: tuple[int, int, int] | None = None
@@ -433,6 +438,8 @@ def parse_config(
         vision_params=vision_params(config),
         vision_profile_elems=vision_profile_elems(config),
         vision_item_tokens=vision_item_tokens(config),
+        vision_output_width=vision_output_width(config, hidden),
+        vision_input_elems=vision_input_elems(config),
         dynamic_vision=dynamic_vision(config),
         mtp_layers=mtp_layers(config),
         partial_rotary_factor=_rotary_factor(r),
@@ -898,6 +905,43 @@ def vision_profile_elems(config: Mapping[str, Any]) -> int:
     else:
         patches = _DYNAMIC_RES_PATCHES
     return patches * inter
+
+
+def vision_output_width(config: Mapping[str, Any], text_hidden: int | None) -> int:
+    """Elements per image token of what the encoder returns to the language model: the
+    merger's ``out_hidden_size`` (Qwen-VL) or the text model's width the projector maps
+    into (Gemma 3, Llama 4, Pixtral), times one plus the deepstack levels Qwen3-VL
+    concatenates to it (vllm/model_executor/models/qwen3_vl.py::
+    Qwen3_VisionTransformer.forward: ``torch.cat([hidden_states] + deepstack_features, 1)``).
+    0 without a vision tower."""
+    vc = config.get("vision_config")
+    if not isinstance(vc, Mapping) or not vision_profile_elems(config):
+        return 0
+    out = vc.get("out_hidden_size")
+    width = out if isinstance(out, int) and out > 0 else (text_hidden or 0)
+    deepstack = vc.get("deepstack_visual_indexes")
+    return width * (1 + (len(deepstack) if isinstance(deepstack, list) else 0))
+
+
+def vision_input_elems(config: Mapping[str, Any]) -> int:
+    """Pixel values of the largest image (``vision_profile_elems``'s): patches × channels ×
+    patch² × frames a patch spans (Qwen-VL's ``temporal_patch_size``; 1 for an image
+    tower). 0 without a vision tower."""
+    vc = config.get("vision_config")
+    elems = vision_profile_elems(config)
+    if not isinstance(vc, Mapping) or not elems:
+        return 0
+    sizes = (
+        vc.get("intermediate_size") or vc.get("mlp_dim"),
+        vc.get("patch_size") or 14,
+        vc.get("in_channels") or vc.get("num_channels") or 3,
+        vc.get("temporal_patch_size") or 1,
+    )
+    ints = [x for x in sizes if isinstance(x, int) and x > 0]
+    if len(ints) < len(sizes):
+        return 0
+    inter, patch, channels, frames = ints
+    return elems // inter * channels * patch * patch * frames
 
 
 def dynamic_vision(config: Mapping[str, Any]) -> tuple[int, int, int] | None:

@@ -575,7 +575,11 @@ def profiled_arch(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:
     at = image_at_max_pixels(arch, mm.max_pixels) if mm.max_pixels else None
     if at is None:
         return arch
-    return replace(arch, vision_item_tokens=at[0], vision_profile_elems=at[1])
+    # Pixel values scale with the patches, as the tower's work does.
+    inputs = arch.vision_input_elems * at[1] // max(1, arch.vision_profile_elems)
+    return replace(
+        arch, vision_item_tokens=at[0], vision_profile_elems=at[1], vision_input_elems=inputs
+    )
 
 
 def speculative_from(

@@ -46,7 +46,11 @@ profile run; this module models them:
   The encoder profile pushes the largest image through the vision tower, counted the same
   way at SigLIP's shape (intermediate 4,304, hidden 1,152: 3.80 B per patch × MLP width ×
   dtype byte; Gemma-3-27B's vision profile on an H100 then comes to 4.00 GiB, where a
-  recent release's log printed a 3.99 GiB torch peak increase, per issue 35).
+  recent release's log printed a 3.99 GiB torch peak increase, per issue 35). Its outputs
+  stay in the encoder cache under the dummy forward and the sampler (with the V1 runner
+  the dummy pixel values too, and in 0.11 each output padded to the encoder budget), so
+  a multimodal first stage peaks at ``max(E, held + max(F, S))``; Model Runner V2 before
+  0.27 profiles no encoder (``plan._encoder_profile``, ``Release.v2_profiles_encoder``).
 * **non-torch memory** — allocations outside PyTorch after the snapshot, by release era
   (``non_torch_*_by_era``), each the mean of the fixture rows of that era that print it.
   V0 has two accountings. Up to 0.6.4 the worker charged everything on the device that
@@ -201,6 +205,9 @@ class ActivationInputs:
     pp: int
     logits_softcap: bool = False  # Gemma 2: tanh soft-capping writes one more fp32 copy
     encoder_elems: int = 0  # a vision tower's profile: patches × MLP width (0: text only)
+    # What the encoder profile leaves allocated while the dummy forward and the sampler
+    # run (plan._encoder_profile): the cached outputs, padding, the dummy pixel values.
+    encoder_held_bytes: int = 0
     v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
     flashinfer_installed: bool | None = None  # None: pip install vllm's default
     v2_runner: bool = False  # Model Runner V2 serves it (Release.v2_model_runner)
@@ -227,9 +234,13 @@ def activation_peaks(
     logits = copies * a.dtype_bytes * requests * a.vocab_size
     sampler = max(sampler, logits)  # the logits phase ends before the sampler's begins
     encoder = model.encoder_bytes * a.encoder_elems * a.dtype_bytes / a.tp
-    first = max(forward, encoder)  # the vision tower runs on the first stage
+    # The vision tower runs on the first stage, before the dummy forward; what it leaves
+    # in the encoder cache stays until the profile run ends (profile_run's
+    # ``encoder_cache.clear()`` after the sampler), under both later peaks.
+    held = a.encoder_held_bytes
+    first = max(encoder, held + forward)
     if a.pp == 1:
-        return (int(max(first, sampler)),)
+        return (int(max(encoder, held + max(forward, sampler))),)
     received = 2 * a.max_num_batched_tokens * a.hidden_size * a.dtype_bytes
     last = sampler + received
     if a.compile_elems:  # every stage compiles its own layers

@@ -52,7 +52,7 @@ from exporter.capacity.memory import (
     requested_memory,
     sampler_path,
 )
-from exporter.capacity.releases import Release
+from exporter.capacity.releases import Release, format_version
 from exporter.capacity.weights import (
     estimate_weights_bytes,
     rotary_cache_bytes,
@@ -656,6 +656,21 @@ def _stage_memory(
     weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
     width = mlp_width(arch)
+    v2 = rel.v2_model_runner(
+        arch.architectures,
+        moe=arch.moe is not None,
+        quantized=req.quantization is not None or arch.quantization is not None,
+        hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
+    )
+    v0 = rel.v0_engine_on(req.gpu.family)
+    encoder_elems, encoder_held = _encoder_profile(
+        req,
+        mnbt,
+        max_seqs,
+        dtype_bytes,
+        runner="v0" if v0 else "v2" if v2 else "v1",
+        sources=sources,
+    )
     inputs = ActivationInputs(
         max_num_batched_tokens=mnbt,
         max_num_seqs=max_seqs,
@@ -666,15 +681,11 @@ def _stage_memory(
         tp=tp,
         pp=pp,
         logits_softcap=arch.final_logit_softcapping is not None,
-        encoder_elems=_encoder_profile_elems(req, mnbt, max_seqs, sources),
-        v0_engine=rel.v0_engine_on(req.gpu.family),
+        encoder_elems=encoder_elems,
+        encoder_held_bytes=encoder_held,
+        v0_engine=v0,
         flashinfer_installed=req.flashinfer_installed,
-        v2_runner=rel.v2_model_runner(
-            arch.architectures,
-            moe=arch.moe is not None,
-            quantized=req.quantization is not None or arch.quantization is not None,
-            hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
-        ),
+        v2_runner=v2,
         compile_elems=compile_elems(req),
     )
     peaks = activation_peaks(inputs, rel, req.overhead)
@@ -767,27 +778,49 @@ def _flag_weights(
     return tuple(out)
 
 
-def _encoder_profile_elems(
-    req: PlanRequest, mnbt: int, max_seqs: int, sources: dict[str, str]
-) -> int:
-    """The vision tower's share of the profile run (patches × MLP width, all items).
+def _encoder_profile(
+    req: PlanRequest,
+    mnbt: int,
+    max_seqs: int,
+    dtype_bytes: int,
+    runner: str,
+    sources: dict[str, str],
+) -> tuple[int, int]:
+    """The encoder profile's share of the profile run: the vision tower's work (patches ×
+    MLP width, all items) and the bytes it leaves allocated under the dummy forward and
+    the sampler.
 
     ``GPUModelRunner.profile_run`` (0.32) skips the encoder with ``--skip-mm-profiling``
     or when ``--limit-mm-per-prompt`` allows no item of any modality; otherwise it
     encodes ``mm_max_items_per_batch`` dummy items of the modality with the most tokens
     at once (vllm/multimodal/encoder_budget.py::_get_max_items: the encoder budget, by
     default ``max_num_batched_tokens``, over the tokens of one item, at least one).
+    Model Runner V2 profiles no encoder before 0.27 (``Release.v2_profiles_encoder``).
+
+    What stays allocated until the profile run ends, read in each runner's
+    ``profile_run`` (0.8.5-0.33): the outputs, in the encoder cache (``encoder_cache
+    ["tmp"]``, from 0.13 ``["tmp_{i}"]``; V2's ``EncoderRunner.profile_encoder_cache``);
+    the V1 runner's ``batched_dummy_mm_inputs``, the pixel values on the GPU in the
+    model's dtype, a local of ``profile_run``; and in 0.11 each output copied into zeros
+    of the encoder budget's rows (``Release.encoder_profile_pads_to_budget``), the last
+    unpadded one still bound to the loop's ``output``. V0 keeps none of it.
     """
-    arch, mm = req.arch, req.mm_profile
+    arch, mm, rel = req.arch, req.mm_profile, req.release
     if not arch.vision_profile_elems:
-        return 0
+        return 0, 0
     if mm.skip or mm.text_only:
         sources["encoder_profile"] = (
             "skipped (--skip-mm-profiling)"
             if mm.skip
             else "none (--language-model-only or --limit-mm-per-prompt 0)"
         )
-        return 0
+        return 0, 0
+    if runner == "v2" and not rel.v2_profiles_encoder:
+        sources["encoder_profile"] = (
+            f"none (Model Runner V2 profiles no encoder before 0.27; this is "
+            f"{format_version(rel.version)})"
+        )
+        return 0, 0
     image = "the largest image"
     if mm.max_pixels:
         # --mm-processor-kwargs lowers (or raises) the largest image the processor takes.
@@ -801,7 +834,17 @@ def _encoder_profile_elems(
         arch = sized
     items = encoder_profile_items(arch, mnbt, max_seqs, mm, req.max_model_len or arch.max_model_len)
     sources["encoder_profile"] = f"{items} dummy item(s) of {image}"
-    return arch.vision_profile_elems * items
+    tokens, width = arch.vision_item_tokens, arch.vision_output_width
+    held = items * tokens * width
+    if runner == "v1":
+        held += items * arch.vision_input_elems
+        budget = max(mnbt, tokens)
+        if rel.encoder_profile_pads_to_budget and tokens < budget:
+            held += items * (budget - tokens) * width + tokens * width  # + the last original
+            sources["encoder_profile"] += f", each padded to the {budget:,}-token budget"
+    elif runner == "v0":
+        held = 0
+    return arch.vision_profile_elems * items, held * dtype_bytes
 
 
 def _stage_available(

@@ -240,6 +240,30 @@ class Release:
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
 
+    @property
+    def v2_profiles_encoder(self) -> bool:
+        """Model Runner V2's profile run encodes dummy multimodal items (0.27+).
+
+        ``vllm/v1/worker/gpu/model_runner.py::GPUModelRunner.profile_run`` of 0.22-0.26
+        runs the dummy forward and sampler only; 0.27.1 first calls
+        ``encoder_runner.profile_encoder_cache`` on the first PP rank (read in the 0.22,
+        0.24-0.29 and 0.32 wheels). A multimodal model that V2 serves in 0.22-0.26 (every
+        dense one from 0.25) therefore charges no encoder peak at all."""
+        return self.version >= (0, 27, 0)
+
+    @property
+    def encoder_profile_pads_to_budget(self) -> bool:
+        """The V1 runner's profile run copies each dummy encoder output into a zero tensor
+        of the whole encoder budget's rows when it has fewer (0.11.0-0.11.2).
+
+        ``vllm/v1/worker/gpu_model_runner.py::profile_run``: vLLM PR 25810 (merged
+        2025-09-27) added ``expanded = output.new_zeros((encoder_budget, ...))`` per item
+        and keeps them in ``encoder_cache["tmp"]`` through the dummy forward and sampler;
+        0.12.0 pads to the modality's most tokens per item instead (vLLM PR 29386, "Fix
+        overallocation in MM profiling"), which the largest image already has; 0.13.0
+        stores the outputs as they are (``encoder_cache[f"tmp_{i}"] = output``)."""
+        return (0, 11, 0) <= self.version < (0, 12, 0)
+
     def v2_model_runner(
         self, architectures: tuple[str, ...], moe: bool, quantized: bool, hybrid: bool = False
     ) -> bool:

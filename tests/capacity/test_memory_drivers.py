@@ -337,3 +337,62 @@ def test_the_plan_names_the_sampler_path_its_activation_assumes() -> None:
     assert source("0.16.0").endswith("sampler: sorting top-k/top-p)")
     assert source("0.19.0").endswith("sampler: Triton top-k/top-p)")
     assert source("0.31.0").endswith("sampler: Model Runner V2, in place)")
+
+
+def vl_plan(model: str, version: str) -> tuple[int, str]:
+    """Gemma 3's first-stage peak on one H100 at vLLM's defaults, and its encoder source."""
+    req = PlanRequest(
+        arch=parse_config(fixture_config(model), "model"),
+        model_name="model",
+        gpu=lookup_gpu("H100"),
+        release=release(version),
+        max_model_len=32_768,
+    )
+    out = plan(req)
+    return out.stages[0].activation, out.sources["encoder_profile"]
+
+
+def test_the_encoder_outputs_stay_allocated_under_the_forward_and_the_sampler() -> None:
+    # profile_run keeps the dummy outputs in its encoder cache until the sampler is done.
+    inputs = ActivationInputs(
+        max_num_batched_tokens=2048,
+        max_num_seqs=256,
+        intermediate_size=6144,
+        hidden_size=2048,
+        vocab_size=151_936,
+        dtype_bytes=2,
+        tp=4,
+        pp=1,
+        encoder_elems=1000,
+    )
+    alone = activation_peaks(inputs, release("0.11.0"))[0]
+    held = activation_peaks(replace(inputs, encoder_held_bytes=GIB), release("0.11.0"))[0]
+    assert held == alone + GIB
+
+
+def test_qwen3_vl_returns_its_deepstack_levels_with_each_image_token() -> None:
+    arch = parse_config(fixture_config("Qwen__Qwen3-VL-8B-Instruct"), "model")
+    # out_hidden_size 4,096 and three deepstack levels, concatenated (qwen3_vl.py).
+    assert arch.vision_output_width == 4096 * 4
+    # The largest image's 65,536 patches of 3 channels x 16 x 16 pixels x 2 frames.
+    assert arch.vision_input_elems == 65_536 * 3 * 16 * 16 * 2
+
+
+def test_vllm_0_11_pads_each_dummy_image_to_the_encoder_budget() -> None:
+    # 32 images of 256 tokens, each copied into 8,192 rows of 5,376 bf16: +2.7 GiB held.
+    padded, said = vl_plan("google__gemma-3-27b-it", "0.11.0")
+    assert "each padded to the 8,192-token budget" in said
+    arch = parse_config(fixture_config("google__gemma-3-27b-it"), "model")
+    rows = 32 * 8192 + 256  # the padded copies, and the last output as the encoder gave it
+    held = (rows * 5376 + 32 * arch.vision_input_elems) * 2
+    assert arch.vocab_size is not None
+    sampler = (36 + 2) * 1024 * arch.vocab_size  # sorting: 0.11.0 pip installs no FlashInfer
+    assert padded == held + sampler
+
+
+def test_model_runner_v2_profiles_no_encoder_before_0_27() -> None:
+    # 0.25-0.26 serve every dense model with V2, whose profile_run skips the encoder.
+    before, said = vl_plan("google__gemma-3-27b-it", "0.26.0")
+    after, _ = vl_plan("google__gemma-3-27b-it", "0.27.1")
+    assert said.startswith("none (Model Runner V2 profiles no encoder before 0.27")
+    assert after - before > GIB // 2
