@@ -293,7 +293,7 @@ def plan(req: PlanRequest) -> Plan:
     # vLLM's CPU platform turns async scheduling off whatever the flag says
     # (vllm/platforms/cpu.py::check_and_update_config, 0.32), so one batch is in flight.
     async_scheduling = req.async_scheduling and gpu.platform != "cpu"
-    in_flight = mnbt * rel.in_flight_batches(pp, async_scheduling)
+    in_flight = mnbt * rel.in_flight_batches(pp, async_scheduling, _v2_runner(req))
 
     if req.block_size is not None:
         block_size, sources["block_size"] = req.block_size, "flag"
@@ -656,12 +656,7 @@ def _stage_memory(
     weights = _flag_weights(req, weights, total_weights, sources, flag_memory)
     dtype_bytes = 4 if arch.dtype == "float32" else 2
     width = mlp_width(arch)
-    v2 = rel.v2_model_runner(
-        arch.architectures,
-        moe=arch.moe is not None,
-        quantized=req.quantization is not None or arch.quantization is not None,
-        hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
-    )
+    v2 = _v2_runner(req)
     v0 = rel.v0_engine_on(req.gpu.family)
     encoder_elems, encoder_held = _encoder_profile(
         req,
@@ -776,6 +771,17 @@ def _flag_weights(
             f"(--cpu-offload-gb {req.cpu_offload_gb:g})"
         )
     return tuple(out)
+
+
+def _v2_runner(req: PlanRequest) -> bool:
+    """Model Runner V2 serves this deployment (``Release.v2_model_runner``)."""
+    arch = req.arch
+    return req.release.v2_model_runner(
+        arch.architectures,
+        moe=arch.moe is not None,
+        quantized=req.quantization is not None or arch.quantization is not None,
+        hybrid=any(layer.kind == LayerKind.MAMBA for layer in arch.layers),
+    )
 
 
 def _encoder_profile(

@@ -353,15 +353,23 @@ class Release:
         # 0.33 creates the cuBLAS/cuBLASLt handles before the start-up memory snapshot.
         return self.version >= (0, 33, 0)
 
-    def in_flight_batches(self, pipeline_parallel_size: int, async_scheduling: bool) -> int:
+    def in_flight_batches(
+        self, pipeline_parallel_size: int, async_scheduling: bool, v2_runner: bool = False
+    ) -> int:
         """``max_concurrent_batches``: how many batches of tokens a window must cover.
 
         Up to 0.24 a sliding window reserves ``W - 1 + max_num_batched_tokens``; from 0.28 it
-        is ``max_in_flight_tokens`` = batches × max_num_batched_tokens (2 with async scheduling
-        at pp=1, pp otherwise). 0.25-0.27 were not read and keep the older rule.
+        is ``max_in_flight_tokens`` = batches × max_num_batched_tokens
+        (vllm/config/vllm.py::VllmConfig.max_concurrent_batches, 0.28, 0.29, 0.32, 0.33):
+        with async scheduling, Model Runner V2 keeps pp + 1 batches in flight and the V1
+        runner 2 at pp=1; otherwise pp. (With PP the V1 runner turns async scheduling off by
+        default, ``_set_default_async_scheduling``; V2 keeps it on.) 0.25-0.27 were not
+        read and keep the older rule.
         """
         if self.version < (0, 28, 0):
             return 1
+        if async_scheduling and v2_runner:
+            return pipeline_parallel_size + 1
         if pipeline_parallel_size > 1:
             return pipeline_parallel_size
         return 2 if async_scheduling else 1

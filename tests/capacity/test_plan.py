@@ -95,6 +95,14 @@ def test_the_cpu_backend_keeps_one_batch_in_flight_even_with_async_scheduling_as
     assert gpu.in_flight_tokens == 2 * gpu.max_num_batched_tokens
 
 
+def test_model_runner_v2_keeps_one_batch_more_than_its_pipeline_stages_in_flight() -> None:
+    # 0.29+ serve every model with V2, which keeps async scheduling on with PP and then
+    # has pp + 1 batches in flight (VllmConfig.max_concurrent_batches); V1 had pp.
+    v2 = plan(llama(release=release("0.32.0"), pipeline_parallel_size=2, async_scheduling=True))
+    assert v2.in_flight_tokens == 3 * v2.max_num_batched_tokens
+    assert release("0.28.0").in_flight_batches(2, async_scheduling=True, v2_runner=False) == 2
+
+
 # Single-worker starts whose figures are not exact only because of the GiB's rounding.
 ROUNDED = [p for p in POINTS if not p.exact and p.blocks and p.tp == p.pp == 1]
 
