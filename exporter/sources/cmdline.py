@@ -156,21 +156,46 @@ _JSON_FLAGS = frozenset(("speculative-config", "limit-mm-per-prompt", "mm-proces
 _SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size"}
 _SHORT |= {"-dp": "data-parallel-size", "-q": "quantization"}
 # Unknown flags are assumed to take a value, so `--seed 0 MODEL` does not make "0" the model;
-# these common vLLM booleans are the exceptions that let `vllm serve --trust-remote-code M` work.
+# vLLM's switches are the exceptions, so `vllm serve --trust-remote-code M` keeps M: every
+# boolean field of EngineArgs and the frontend's args, and the serve command's store_true
+# flags, in the 0.32, 0.33 and 0.34 wheels (vllm/engine/arg_utils.py, vllm/entrypoints/),
+# plus two switches of older releases.
 _OTHER_BOOLEANS = frozenset(
     [
-        "trust-remote-code",
-        "disable-log-requests",
-        "disable-log-stats",
-        "enable-chunked-prefill",
-        "enable-auto-tool-choice",
-        "disable-custom-all-reduce",
-        "enable-expert-parallel",
-        "disable-frontend-multiprocessing",
-        "enable-log-requests",
-        "enable-prompt-tokens-details",
+        "aggregate-engine-logging", "allow-credentials", "allow-deprecated-quantization",
+        "checkpoint-prepare-on-startup", "cohere-is-reasoning-model", "cudagraph-metrics",
+        "data-parallel-external-lb", "data-parallel-hybrid-lb",
+        "data-parallel-multi-port-external-lb", "dcp-q-replicate", "disable-cascade-attn",
+        "disable-chunked-mm-input", "disable-custom-all-reduce", "disable-fastapi-docs",
+        "disable-frontend-multiprocessing", "disable-log-requests", "disable-log-stats",
+        "disable-nccl-for-dp-synchronization", "disable-sliding-window",
+        "disable-uvicorn-access-log", "enable-auto-tool-choice",
+        "enable-batch-sharded-sampling", "enable-chunked-prefill", "enable-cumem-allocator",
+        "enable-dbo", "enable-elastic-ep", "enable-ep-weight-filter", "enable-eplb",
+        "enable-expert-parallel", "enable-extensible-kv-cache", "enable-fault-tolerance",
+        "enable-flash-late-interaction", "enable-flashinfer-autotune",
+        "enable-force-include-usage", "enable-hc-sp", "enable-layerwise-nvtx-tracing",
+        "enable-log-deltas", "enable-log-outputs", "enable-log-requests",
+        "enable-logging-iteration-details", "enable-mamba-cache-stochastic-rounding",
+        "enable-mamba-shared-prefix-checkpoint", "enable-mfu-metrics",
+        "enable-mixed-moe-lora-format", "enable-mm-embeds", "enable-mm-processor-stats",
+        "enable-moe-shared-loras", "enable-nccl-comm-suspend", "enable-offline-docs",
+        "enable-per-request-metrics", "enable-prompt-embeds", "enable-prompt-tokens-details",
+        "enable-request-id-headers", "enable-return-routed-experts", "enable-scale-out",
+        "enable-server-load-tracking", "enable-shm-tensor-arena", "enable-sleep-mode",
+        "enable-ssl-refresh", "enable-tokenizer-info-endpoint", "enable-tower-connector-lora",
+        "enable-trace-replay", "exclude-tools-when-tool-choice-none",
+        "fail-on-environ-validation", "grpc", "headless", "interleave-mm-strings",
+        "jit-monitor-verbose", "kv-cache-metrics", "kv-sharing-fast-prefill",
+        "log-error-stack", "long-prefill-token-threshold-adaptive", "mm-device-do-normalize",
+        "mm-encoder-only", "monokernel", "numa-bind", "ray-workers-use-nsight",
+        "return-sampling-mask", "return-tokens-as-token-ids", "scheduler-reserve-full-isl",
+        "shuffle-safetensors-files", "skip-tokenizer-init", "sleep-mode-offload-cudagraph",
+        "specialize-active-lora", "swa-bounded-replay", "tokens-only", "trust-remote-code",
+        "trust-request-chat-template", "trust-request-mm-kwargs", "use-fp64-gumbel",
+        "use-replayssm", "use-tqdm-on-load",
     ]
-)
+)  # fmt: skip
 _SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _PYTHON = re.compile(r"python[0-9.]*")
 

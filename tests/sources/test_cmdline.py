@@ -84,6 +84,15 @@ def test_switches_take_no_value_and_no_forms_turn_them_off() -> None:
     assert values == {"enable_prefix_caching": True, "model": "m", "dtype": "half"}
 
 
+def test_vllms_other_switches_leave_the_model_positional_after_them() -> None:
+    # Switches the sidecar does not read, among them 0.34's --enable-extensible-kv-cache.
+    for switch in ("--enable-extensible-kv-cache", "--skip-tokenizer-init", "--enable-sleep-mode"):
+        assert parse("vllm", "serve", switch, "m", "--max-num-seqs", "8") == {
+            "model": "m",
+            "max_num_seqs": 8,
+        }
+
+
 def test_lowercase_k_is_a_thousand_and_uppercase_k_is_1024_as_in_vllm() -> None:
     assert parse("vllm", "serve", "m", "--max-model-len", "32k")["max_model_len"] == 32_000
     assert parse("vllm", "serve", "m", "--max-model-len", "128K")["max_model_len"] == 131_072
