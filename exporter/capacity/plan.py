@@ -52,7 +52,7 @@ from exporter.capacity.memory import (
     requested_memory,
     sampler_path,
 )
-from exporter.capacity.releases import Release, format_version
+from exporter.capacity.releases import READ_NOT_MODELLED, Release, format_version
 from exporter.capacity.weights import (
     estimate_weights_bytes,
     rotary_cache_bytes,
@@ -262,7 +262,11 @@ def plan(req: PlanRequest) -> Plan:
     sources: dict[str, str] = {}
     notes: list[str] = list(arch.notes)
     if not rel.known:
-        notes.append(f"vLLM {rel.label} is outside the releases read (0.6-0.33): nearest rules")
+        read = READ_NOT_MODELLED.get(rel.version[:2])
+        notes.append(
+            f"vLLM {rel.label} is outside the releases read (0.6-0.33): nearest rules"
+            + (f"; {read}" if read else "")
+        )
     if gpu.name == "GB10":
         notes.append(
             "GB10 shares its memory with the CPU: vLLM compares the budget with the system's "

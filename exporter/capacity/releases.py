@@ -22,6 +22,22 @@ OLDEST_KNOWN: Version = (0, 6, 0)
 NEWEST_KNOWN: Version = (0, 33, 0)
 DEFAULT_VERSION = "0.32.0"
 
+# Releases after NEWEST_KNOWN whose diff against it has been read but not yet modelled:
+# what a plan with NEWEST_KNOWN's rules would get wrong, said where such a release is asked
+# for. 0.34 (the 0.33.0 and 0.34.0 wheels): the cache is sized after warmup by default
+# (vllm/config/vllm.py::_resolve_extensible_kv_cache on CUDA and ROCm;
+# vllm/v1/worker/extensible_kv_cache.py::measure_kv_cache_bytes takes the memory left
+# after weights, warmup and real CUDA-graph capture, less max(1 GiB, 0.75 x the largest
+# transient peak), with --gpu-memory-utilization 1.0 unless given), and
+# CacheConfig.DEFAULT_BLOCK_SIZE went from 16 to 64.
+READ_NOT_MODELLED: dict[tuple[int, int], str] = {
+    (0, 34): (
+        "vLLM 0.34's extensible KV cache, on by default, sizes the cache after warmup at "
+        "utilization 1.0 less a margin of at least 1 GiB, in blocks of 64 tokens: 0.33's "
+        "rules apply to a 0.34 start only with --no-enable-extensible-kv-cache --block-size 16"
+    ),
+}
+
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-]?(?:post|rc|dev|a|b)?\d*.*)?$")
 
 

@@ -42,6 +42,7 @@ from exporter.capacity.releases import (
     DEFAULT_VERSION,
     NEWEST_KNOWN,
     OLDEST_KNOWN,
+    READ_NOT_MODELLED,
     format_version,
     parse_version,
 )
@@ -448,9 +449,11 @@ def _version(text: str) -> str:
     if not OLDEST_KNOWN[:2] <= version[:2] <= NEWEST_KNOWN[:2]:
         oldest, newest = format_version(OLDEST_KNOWN), format_version(NEWEST_KNOWN)
         nearest = newest if version > NEWEST_KNOWN else oldest
+        read = READ_NOT_MODELLED.get(version[:2])
         raise argparse.ArgumentTypeError(
             f"{text!r}: this build knows the sizing rules of vLLM {oldest} to {newest}; "
             f"to plan with the nearest, pass --vllm-version {nearest}"
+            + (f"; {read}" if read else "")
         )
     return text
 
