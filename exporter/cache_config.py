@@ -52,6 +52,9 @@ class CacheConfig(Mapping[str, str]):
     cache_dtype: str | None = None
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
+    # 0.34+: vLLM sizes the cache after warmup (vllm/config/cache.py, resolved at start-up
+    # by config/vllm.py::_resolve_extensible_kv_cache; the label says True or False).
+    enable_extensible_kv_cache: bool | None = None
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> CacheConfig:
@@ -66,6 +69,7 @@ class CacheConfig(Mapping[str, str]):
             cache_dtype=label_value(labels.get("cache_dtype"), str),
             gpu_memory_utilization=label_value(labels.get("gpu_memory_utilization"), float),
             enable_prefix_caching=label_value(labels.get("enable_prefix_caching"), bool),
+            enable_extensible_kv_cache=label_value(labels.get("enable_extensible_kv_cache"), bool),
         )
 
     def __getitem__(self, key: str) -> str:

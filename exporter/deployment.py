@@ -77,6 +77,9 @@ class Deployment:
     limit_mm_per_prompt: str | None = None
     mm_processor_kwargs: str | None = None
     language_model_only: bool | None = None
+    # 0.34's extensible KV cache (--[no-]enable-extensible-kv-cache; on by default on CUDA):
+    # the cache is sized after warmup, which plan does not model (releases.READ_NOT_MODELLED).
+    enable_extensible_kv_cache: bool | None = None
     # Where each known value came from; part of equality (a value vLLM now states is news
     # on the status page), not of the hash (a mapping has none).
     origin: Mapping[str, str] = field(
@@ -133,6 +136,7 @@ def resolve(
         offer("gpu_memory_utilization", cc.gpu_memory_utilization, FROM_CACHE_CONFIG)
         offer("num_gpu_blocks_override", cc.num_gpu_blocks_override, FROM_CACHE_CONFIG)
         offer("enable_prefix_caching", cc.enable_prefix_caching, FROM_CACHE_CONFIG)
+        offer("enable_extensible_kv_cache", cc.enable_extensible_kv_cache, FROM_CACHE_CONFIG)
         offer("kv_cache_memory_bytes", cc.kv_cache_memory_bytes, FROM_CACHE_CONFIG)
         offer("kv_cache_memory_bytes", cc.cpu_kvcache_space_bytes, FROM_CACHE_CONFIG)
     offer("max_model_len", max_model_len, FROM_MODELS)
@@ -261,6 +265,7 @@ def plan_request(
         contexts=contexts,
         async_scheduling=async_scheduling,
         hybrid_kv_cache_manager=hybrid_kv_cache_manager,
+        extensible_kv_cache=bool(deployment.enable_extensible_kv_cache),
         **(
             deployment_flags(
                 dict(deployment.items()),

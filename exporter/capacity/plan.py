@@ -100,6 +100,9 @@ class PlanRequest:
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
     enable_prefix_caching: bool = True  # vLLM's default for generative models
+    # 0.34's extensible KV cache: sized after warmup, which is not modelled; the
+    # utilization defaults to 1.0 (vllm/config/cache.py::resolved_gpu_memory_utilization).
+    extensible_kv_cache: bool = False
     # FlashInfer installed beside vLLM: before 0.11.1 it decides whether V1 samples
     # sort-free; None is ``pip install vllm``'s default (memory.sampler_path).
     flashinfer_installed: bool | None = None
@@ -142,6 +145,12 @@ class Plan:
     @property
     def kv_budget_bytes(self) -> int:
         return self.stage_available[self.cap.tightest_stage]
+
+    @property
+    def kv_budget_modelled(self) -> bool:
+        """Whether the KV budget is one the memory model stands behind: not for 0.34's
+        extensible KV cache, sized after warmup (``PlanRequest.extensible_kv_cache``)."""
+        return not self.request.extensible_kv_cache
 
 
 def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tuple[int, int]:
@@ -274,8 +283,20 @@ def plan(req: PlanRequest) -> Plan:
             "(DGX Spark recipes run 0.80-0.85)"
         )
 
-    utilization = req.gpu_memory_utilization or rel.default_gpu_memory_utilization
-    sources["utilization"] = "flag" if req.gpu_memory_utilization else f"default ({rel.label})"
+    default = 1.0 if req.extensible_kv_cache else rel.default_gpu_memory_utilization
+    utilization = req.gpu_memory_utilization or default
+    sources["utilization"] = (
+        "flag"
+        if req.gpu_memory_utilization
+        else "default (1.0 with the extensible KV cache)"
+        if req.extensible_kv_cache
+        else f"default ({rel.label})"
+    )
+    if req.extensible_kv_cache:
+        notes.append(
+            "vLLM sizes this KV cache after warmup (the extensible KV cache), which this "
+            "build does not model: the expected KV budget is not given"
+        )
 
     max_len = req.max_model_len or arch.max_model_len
     if max_len is None:

@@ -149,6 +149,7 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "max-num-partial-prefills": ("max_num_partial_prefills", _int),
     "disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", _BOOL),
     "async-scheduling": ("async_scheduling", _BOOL),
+    "enable-extensible-kv-cache": ("enable_extensible_kv_cache", _BOOL),
     "port": ("port", _int),
     "host": ("host", str),
 }

@@ -85,12 +85,20 @@ def test_switches_take_no_value_and_no_forms_turn_them_off() -> None:
 
 
 def test_vllms_other_switches_leave_the_model_positional_after_them() -> None:
-    # Switches the sidecar does not read, among them 0.34's --enable-extensible-kv-cache.
-    for switch in ("--enable-extensible-kv-cache", "--skip-tokenizer-init", "--enable-sleep-mode"):
+    # Switches the sidecar does not read (vLLM has about a hundred).
+    for switch in ("--enable-eplb", "--skip-tokenizer-init", "--enable-sleep-mode"):
         assert parse("vllm", "serve", switch, "m", "--max-num-seqs", "8") == {
             "model": "m",
             "max_num_seqs": 8,
         }
+
+
+def test_the_extensible_kv_cache_switch_is_read_in_both_forms() -> None:
+    # 0.34 sizes its cache after warmup unless --no-enable-extensible-kv-cache.
+    on = parse("vllm", "serve", "--enable-extensible-kv-cache", "m")
+    assert on == {"enable_extensible_kv_cache": True, "model": "m"}
+    off = parse("vllm", "serve", "m", "--no-enable-extensible-kv-cache")
+    assert off["enable_extensible_kv_cache"] is False
 
 
 def test_lowercase_k_is_a_thousand_and_uppercase_k_is_1024_as_in_vllm() -> None:
