@@ -78,7 +78,7 @@ class Deployment:
     mm_processor_kwargs: str | None = None
     language_model_only: bool | None = None
     # 0.34's extensible KV cache (--[no-]enable-extensible-kv-cache; on by default on CUDA):
-    # the cache is sized after warmup, which plan does not model (releases.READ_NOT_MODELLED).
+    # the cache is sized after warmup (plan.extensible_kv_cache).
     enable_extensible_kv_cache: bool | None = None
     # Where each known value came from; part of equality (a value vLLM now states is news
     # on the status page), not of the hash (a mapping has none).
@@ -265,7 +265,7 @@ def plan_request(
         contexts=contexts,
         async_scheduling=async_scheduling,
         hybrid_kv_cache_manager=hybrid_kv_cache_manager,
-        extensible_kv_cache=bool(deployment.enable_extensible_kv_cache),
+        extensible_kv_cache=deployment.enable_extensible_kv_cache,
         **(
             deployment_flags(
                 dict(deployment.items()),

@@ -270,7 +270,7 @@ class SnapshotCollector:
     def _engine(f: _Families, snap: Snapshot, v: EngineView) -> None:
         e = v.engine
         plan = snap.expected
-        if plan is not None and plan.kv_budget_modelled:
+        if plan is not None:
             f.add("kv_budget_bytes", [e, "expected"], plan.kv_budget_bytes)
             f.add("kv_capacity_tokens", [e, "expected"], plan.cap.capacity_tokens)
             f.add("kv_capacity_blocks", [e, "expected"], plan.cap.num_blocks)

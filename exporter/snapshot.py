@@ -282,10 +282,7 @@ def engine_capacity(
         prefix_cache_extra_sequences=extra,
         budget_drift_ratio=(
             num_blocks / plan.cap.num_blocks
-            if plan is not None
-            and plan.kv_budget_modelled
-            and num_blocks is not None
-            and plan.cap.num_blocks
+            if plan is not None and num_blocks is not None and plan.cap.num_blocks
             else None
         ),
     )

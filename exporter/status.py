@@ -394,20 +394,12 @@ def _chain(snap: Snapshot) -> list[tuple[str, str, str]]:
                 ("− weights", _gib(t.weights), src.get("weights", "")),
                 ("− activation, non-torch, graphs", _gib(t.overhead), "model"),
             ]
-        if not plan.kv_budget_modelled:
-            rows.append(
-                ("= KV budget (expected)", "not modelled", "sized after warmup (extensible)")
-            )
-        else:
-            rows.append(
-                ("= KV budget (expected)", _gib(plan.kv_budget_bytes), src.get("kv_budget", ""))
-            )
+        rows.append(
+            ("= KV budget (expected)", _gib(plan.kv_budget_bytes), src.get("kv_budget", ""))
+        )
         rows.append(("KV bytes per token", _n(plan.kv_bytes_per_token, unit="B"), "config"))
-        if plan.kv_budget_modelled:
-            rows.append(("blocks (expected)", _n(plan.cap.num_blocks), src.get("num_blocks", "")))
-            rows.append(
-                ("KV cache size (expected)", _n(plan.cap.capacity_tokens, unit="tokens"), "")
-            )
+        rows.append(("blocks (expected)", _n(plan.cap.num_blocks), src.get("num_blocks", "")))
+        rows.append(("KV cache size (expected)", _n(plan.cap.capacity_tokens, unit="tokens"), ""))
     else:
         rows.append(("expected capacity", "unavailable", snap.expected_note))
         if snap.kv_bytes_per_token is not None:
@@ -449,8 +441,6 @@ def differences(snap: Snapshot) -> list[str]:
             )
     if v is None:
         return out
-    if plan is not None and not plan.kv_budget_modelled:
-        plan = None  # vLLM sized the cache after warmup: no expected figure to set beside it
     if plan is not None and v.num_blocks is not None and v.num_blocks != plan.cap.num_blocks:
         drift = v.num_blocks / plan.cap.num_blocks if plan.cap.num_blocks else math.nan
         out.append(

@@ -387,6 +387,9 @@ class StageMemory:
     activation: int
     non_torch: int
     cuda_graph: int
+    # 0.34's extensible KV cache: what the device leaves after the CUDA context and the
+    # margin, a cap on the ceiling (plan.extensible_kv_cache); None before.
+    device_cap: int | None = None
 
     @property
     def overhead(self) -> int:
@@ -398,4 +401,7 @@ class StageMemory:
 
     @property
     def available(self) -> int:
-        return self.requested - self.non_kv
+        ceiling = (
+            self.requested if self.device_cap is None else min(self.requested, self.device_cap)
+        )
+        return ceiling - self.non_kv

@@ -52,7 +52,7 @@ from exporter.capacity.memory import (
     requested_memory,
     sampler_path,
 )
-from exporter.capacity.releases import READ_NOT_MODELLED, Release, format_version
+from exporter.capacity.releases import NEWEST_KNOWN, OLDEST_KNOWN, Release, format_version
 from exporter.capacity.weights import (
     estimate_weights_bytes,
     rotary_cache_bytes,
@@ -100,9 +100,10 @@ class PlanRequest:
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
     enable_prefix_caching: bool = True  # vLLM's default for generative models
-    # 0.34's extensible KV cache: sized after warmup, which is not modelled; the
-    # utilization defaults to 1.0 (vllm/config/cache.py::resolved_gpu_memory_utilization).
-    extensible_kv_cache: bool = False
+    # 0.34's extensible KV cache (--[no-]enable-extensible-kv-cache): the cache sized after
+    # warmup, the utilization 1.0 unless given; None takes the release's default
+    # (``extensible_kv_cache``).
+    extensible_kv_cache: bool | None = None
     # FlashInfer installed beside vLLM: before 0.11.1 it decides whether V1 samples
     # sort-free; None is ``pip install vllm``'s default (memory.sampler_path).
     flashinfer_installed: bool | None = None
@@ -146,12 +147,6 @@ class Plan:
     def kv_budget_bytes(self) -> int:
         return self.stage_available[self.cap.tightest_stage]
 
-    @property
-    def kv_budget_modelled(self) -> bool:
-        """Whether the KV budget is one the memory model stands behind: not for 0.34's
-        extensible KV cache, sized after warmup (``PlanRequest.extensible_kv_cache``)."""
-        return not self.request.extensible_kv_cache
-
 
 def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tuple[int, int]:
     """vLLM's ``max_num_batched_tokens`` and ``max_num_seqs`` defaults for ``vllm serve``.
@@ -176,15 +171,25 @@ def default_batched_tokens(gpu: Gpu, release: Release, max_model_len: int) -> tu
 
 
 def default_block_size(arch: ModelArch, gpu: Gpu, release: Release) -> tuple[int, str]:
-    """The block size vLLM picks when ``--block-size`` is not given, and why."""
+    """The block size vLLM picks when ``--block-size`` is not given, and why.
+
+    0.34 raised ``CacheConfig.DEFAULT_BLOCK_SIZE`` from 16 to 64 (vllm/config/cache.py),
+    which ``platforms/interface.py::update_block_size_for_backend`` keeps wherever the
+    backend takes it: FlashAttention, FlashInfer, Triton and their MLA backends, FlashMLA;
+    CUTLASS MLA stays at 128 and ROCm's dense ROCM_ATTN prefers 16.
+    """
     mla = any(layer.kind is LayerKind.MLA for layer in arch.layers)
     if gpu.platform == "cpu":
         if mla:
             return 16, "default (CPU MLA backend requires 16)"
         return 128, "default (CPU backend: 128)"
+    if mla and gpu.family == "blackwell" and release.version >= (0, 10, 0):
+        return 128, "default (CUTLASS MLA backend on Blackwell)"
+    if release.version >= (0, 34, 0):
+        if gpu.family == "cdna3" and not mla:
+            return 16, "default (ROCm attention prefers 16)"
+        return 64, "default (64 from 0.34)"
     if mla:
-        if gpu.family == "blackwell" and release.version >= (0, 10, 0):
-            return 128, "default (CUTLASS MLA backend on Blackwell)"
         if gpu.family == "hopper" and (0, 7, 0) <= release.version < (0, 18, 0):
             return 64, "default (FlashMLA backend on Hopper)"
         return 16, "default (MLA backend; 16 from 0.18 on Hopper, backend-dependent)"
@@ -271,31 +276,30 @@ def plan(req: PlanRequest) -> Plan:
     sources: dict[str, str] = {}
     notes: list[str] = list(arch.notes)
     if not rel.known:
-        read = READ_NOT_MODELLED.get(rel.version[:2])
-        notes.append(
-            f"vLLM {rel.label} is outside the releases read (0.6-0.33): nearest rules"
-            + (f"; {read}" if read else "")
-        )
-    if gpu.name == "GB10":
+        read = f"{format_version(OLDEST_KNOWN)}-{format_version(NEWEST_KNOWN)}"
+        notes.append(f"vLLM {rel.label} is outside the releases read ({read}): nearest rules")
+    extensible = extensible_kv_cache(req)
+    if gpu.name == "GB10" and not extensible:
         notes.append(
             "GB10 shares its memory with the CPU: vLLM compares the budget with the system's "
             "free memory at start-up, so the default utilization often fails there "
             "(DGX Spark recipes run 0.80-0.85)"
         )
 
-    default = 1.0 if req.extensible_kv_cache else rel.default_gpu_memory_utilization
+    default = 1.0 if extensible else rel.default_gpu_memory_utilization
     utilization = req.gpu_memory_utilization or default
     sources["utilization"] = (
         "flag"
         if req.gpu_memory_utilization
         else "default (1.0 with the extensible KV cache)"
-        if req.extensible_kv_cache
+        if extensible
         else f"default ({rel.label})"
     )
-    if req.extensible_kv_cache:
+    if extensible:
         notes.append(
-            "vLLM sizes this KV cache after warmup (the extensible KV cache), which this "
-            "build does not model: the expected KV budget is not given"
+            "vLLM sizes this cache after warmup (the extensible KV cache), modelled from "
+            "0.34's code with this model's activation and CUDA-graph estimates; no 0.34 GPU "
+            "start-up has checked it yet"
         )
 
     max_len = req.max_model_len or arch.max_model_len
@@ -735,7 +739,26 @@ def _stage_memory(
     else:
         sources["cuda_graph"] = f"0: not subtracted in {rel.label}"
 
-    return tuple(StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp))
+    if not extensible_kv_cache(req):
+        return tuple(
+            StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp)
+        )
+    # Sized after warmup: the device's memory, less the CUDA context the start-up snapshot
+    # left out and a margin of max(floor, 0.75 × the transient peak), caps the ceiling.
+    floor = ROCM_MARGIN_FLOOR if req.gpu.family == "cdna3" else MARGIN_FLOOR
+    return tuple(
+        StageMemory(
+            requested,
+            weights[s],
+            peaks[s],
+            non_torch,
+            graphs,
+            device_cap=req.gpu.total_bytes
+            - CUDA_CONTEXT_BYTES
+            - max(floor, int(peaks[s] * MARGIN_FRACTION)),
+        )
+        for s in range(pp)
+    )
 
 
 def _flag_weights(
@@ -796,6 +819,25 @@ def _flag_weights(
             f"(--cpu-offload-gb {req.cpu_offload_gb:g})"
         )
     return tuple(out)
+
+
+# vllm/v1/worker/extensible_kv_cache.py (0.34): KV_CACHE_MARGIN_FLOOR_BYTES (3 GiB on ROCm)
+# and KV_CACHE_MARGIN_FRACTION.
+MARGIN_FLOOR = 1 << 30
+ROCM_MARGIN_FLOOR = 3 << 30
+MARGIN_FRACTION = 0.75
+
+
+def extensible_kv_cache(req: PlanRequest) -> bool:
+    """Whether vLLM sizes this cache after warmup: as the flag or vLLM's resolved label
+    says (vLLM refuses an explicit request it cannot meet), else the release's default on a
+    GPU unless a set KV size or block count leaves nothing to measure
+    (``Release.extensible_kv_cache``)."""
+    if req.gpu.platform == "cpu" or not req.release.extensible_kv_cache:
+        return False
+    if req.extensible_kv_cache is not None:
+        return req.extensible_kv_cache
+    return req.kv_cache_memory_bytes is None and req.num_gpu_blocks_override is None
 
 
 def _v2_runner(req: PlanRequest) -> bool:
@@ -908,7 +950,12 @@ def _stage_available(
             "the weight size is unknown (the config lacks vocab_size/intermediate_size): pass "
             "--weights-bytes, a model dir with weights, or --available-kv-bytes",
         )
-    sources["kv_budget"] = "estimate (ceiling − weights − activation − non-torch − graphs)"
+    sources["kv_budget"] = (
+        "estimate after warmup (min(ceiling, total − context − margin) − weights − "
+        "activation − non-torch − graphs)"
+        if extensible_kv_cache(req)
+        else "estimate (ceiling − weights − activation − non-torch − graphs)"
+    )
     return [s.available for s in stages]
 
 

@@ -3,9 +3,9 @@
 Every version-dependent rule the capacity engine applies lives here, with the release it
 changed in, so that a question like "which token formula does 0.19 print?" has one answer.
 Sources: vLLM's own code, https://github.com/vllm-project/vllm read at the release tags
-v0.6.0 to v0.33.0; a rule names the file (its path in that tree) and the release it changed
-in. The start-ups it is checked against are ``tests/fixtures/sizing/vllm_startup_points.csv``
-(each row with its public source).
+v0.6.0 to v0.33.0 and in the 0.34.0 wheel; a rule names the file (its path in that tree) and
+the release it changed in. The start-ups it is checked against are
+``tests/fixtures/sizing/vllm_startup_points.csv`` (each row with its public source).
 """
 
 from __future__ import annotations
@@ -19,24 +19,8 @@ from exporter.errors import InputError
 Version = tuple[int, int, int]
 
 OLDEST_KNOWN: Version = (0, 6, 0)
-NEWEST_KNOWN: Version = (0, 33, 0)
+NEWEST_KNOWN: Version = (0, 34, 0)
 DEFAULT_VERSION = "0.32.0"
-
-# Releases after NEWEST_KNOWN whose diff against it has been read but not yet modelled:
-# what a plan with NEWEST_KNOWN's rules would get wrong, said where such a release is asked
-# for. 0.34 (the 0.33.0 and 0.34.0 wheels): the cache is sized after warmup by default
-# (vllm/config/vllm.py::_resolve_extensible_kv_cache on CUDA and ROCm;
-# vllm/v1/worker/extensible_kv_cache.py::measure_kv_cache_bytes takes the memory left
-# after weights, warmup and real CUDA-graph capture, less max(1 GiB, 0.75 x the largest
-# transient peak), with --gpu-memory-utilization 1.0 unless given), and
-# CacheConfig.DEFAULT_BLOCK_SIZE went from 16 to 64.
-READ_NOT_MODELLED: dict[tuple[int, int], str] = {
-    (0, 34): (
-        "vLLM 0.34's extensible KV cache, on by default, sizes the cache after warmup at "
-        "utilization 1.0 less a margin of at least 1 GiB, in blocks of 64 tokens: 0.33's "
-        "rules apply to a 0.34 start only with --no-enable-extensible-kv-cache --block-size 16"
-    ),
-}
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-]?(?:post|rc|dev|a|b)?\d*.*)?$")
 
@@ -255,6 +239,23 @@ class Release:
         "Using FlashInfer" leave room for nothing larger (dennislee22/vLLM-benchmarking).
         """
         return (0, 11, 1) <= self.version < (0, 17, 0)
+
+    @property
+    def extensible_kv_cache(self) -> bool:
+        """The cache is sized after warmup by default on CUDA and ROCm (0.34).
+
+        vllm/config/vllm.py::_resolve_extensible_kv_cache turns ``enable_extensible_kv_cache``
+        on where unset unless the platform is neither CUDA nor ROCm, or
+        ``--kv-cache-memory-bytes`` or ``--num-gpu-blocks-override`` is given (or elastic EP,
+        a legacy-IPC or custom-pool KV connector: not modelled). Then
+        vllm/v1/worker/extensible_kv_cache.py::measure_kv_cache_bytes sizes the cache from
+        the memory free after warmup and CUDA-graph capture: ``min(requested − non-KV used,
+        free + committed − margin) − max(T, torch reservation growth)``, the margin
+        ``max(1 GiB, 0.75 T)`` (3 GiB on ROCm, ``KV_CACHE_MARGIN_FLOOR_BYTES``), ``T`` the
+        largest transient peak of the profile run and the warmup steps, and
+        config/cache.py::resolved_gpu_memory_utilization makes an unset utilization 1.0.
+        Read in the 0.34.0 wheel against 0.33.0's."""
+        return self.version >= (0, 34, 0)
 
     @property
     def v2_profiles_encoder(self) -> bool:

@@ -26,6 +26,7 @@ from exporter.capacity.deploy_flags import (
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GpuChoice, parse_bytes, resolve_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
+from exporter.capacity.memory import StageMemory
 from exporter.capacity.plan import (
     Context,
     Plan,
@@ -42,7 +43,6 @@ from exporter.capacity.releases import (
     DEFAULT_VERSION,
     NEWEST_KNOWN,
     OLDEST_KNOWN,
-    READ_NOT_MODELLED,
     format_version,
     parse_version,
 )
@@ -188,6 +188,13 @@ def add_parser(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="default: on, as in vLLM 0.28+ (always off with --gpu cpu, as vLLM forces it)",
+    )
+    p.add_argument(
+        "--enable-extensible-kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM 0.34+ sizes the cache after warmup, at utilization 1.0 unless given; "
+        "default: on with a GPU unless --kv-cache-memory-bytes or --num-gpu-blocks-override",
     )
     p.add_argument(
         "--disable-hybrid-kv-cache-manager",
@@ -449,11 +456,9 @@ def _version(text: str) -> str:
     if not OLDEST_KNOWN[:2] <= version[:2] <= NEWEST_KNOWN[:2]:
         oldest, newest = format_version(OLDEST_KNOWN), format_version(NEWEST_KNOWN)
         nearest = newest if version > NEWEST_KNOWN else oldest
-        read = READ_NOT_MODELLED.get(version[:2])
         raise argparse.ArgumentTypeError(
             f"{text!r}: this build knows the sizing rules of vLLM {oldest} to {newest}; "
             f"to plan with the nearest, pass --vllm-version {nearest}"
-            + (f"; {read}" if read else "")
         )
     return text
 
@@ -572,6 +577,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         enforce_eager=args.enforce_eager,
         quantization=args.quantization,
         flashinfer=args.flashinfer,
+        enable_extensible_kv_cache=args.enable_extensible_kv_cache,
     )
     request = plan_request(
         deployment,
@@ -844,6 +850,7 @@ def plan_json(
         "memory": {
             "gpu_total_bytes": req.gpu.total_bytes,
             "ceiling_bytes": t.requested,
+            "device_cap_bytes": t.device_cap,
             "weights_bytes": t.weights,
             "activation_bytes": t.activation,
             "non_torch_bytes": t.non_torch,
@@ -935,6 +942,20 @@ def traffic_lines(t: TrafficReport) -> list[str]:
     return lines
 
 
+def _after_warmup_rows(t: StageMemory) -> list[tuple[str, str, str]]:
+    """With 0.34's extensible KV cache, what the device leaves after the CUDA context and
+    the margin, where that is below the ceiling (capacity.plan.extensible_kv_cache)."""
+    if t.device_cap is None or t.device_cap >= t.requested:
+        return []
+    return [
+        (
+            "  capped after warmup at",
+            _gib(t.device_cap),
+            "total − CUDA context − max(1 GiB, 0.75 × activation peak)",
+        )
+    ]
+
+
 def _flag_rows(p: Plan) -> list[tuple[str, str, str]]:
     """What the deployment flags put into (or take out of) the weights row."""
     src, mem = p.sources, p.flag_memory
@@ -991,6 +1012,7 @@ def render_table(
         rows += [
             ("GPU memory (CUDA total)", _gib(req.gpu.total_bytes), req.gpu.source),
             (f"× gpu-memory-utilization {p.utilization:g}", _gib(t.requested), src["utilization"]),
+            *_after_warmup_rows(t),
             ("− weights (this GPU)", _gib(t.weights), src.get("weights", "unknown")),
             *_flag_rows(p),
             ("− activation peak", _gib(t.activation), src["activation"]),

@@ -113,7 +113,7 @@ async def test_nvml_gpus_and_foreign_memory_are_exported(
     assert abs(foreign - 10 * (1 << 30)) < (1 << 20)
 
 
-async def test_a_cache_vllm_sized_after_warmup_has_no_expected_budget_and_no_foreign_memory(
+async def test_a_cache_vllm_sized_after_warmup_is_vllms_memory_not_foreign(
     fake_vllm: FakeVllm, make_rig: MakeRig
 ) -> None:
     # vLLM 0.34's extensible KV cache: utilization unset (1.0), the cache measured after
@@ -122,19 +122,20 @@ async def test_a_cache_vllm_sized_after_warmup_has_no_expected_budget_and_no_for
     used = cuda_total - (3 << 29)  # all but a 1.5 GiB margin
     gpu = FakeGpu("GPU-aaaa", used=used, processes=[(1, used)])
     fake_vllm.version = "0.34.0"
-    fake_vllm.page = fake_vllm.page.replace(
-        'kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"'
-    ).replace(
-        'gpu_memory_utilization="0.92"',
-        'enable_extensible_kv_cache="True",gpu_memory_utilization="None"',
+    fake_vllm.page = (
+        fake_vllm.page.replace('kv_cache_memory_bytes="1073741824"', 'kv_cache_memory_bytes="None"')
+        .replace('num_gpu_blocks_override="48"', 'num_gpu_blocks_override="None"')
+        .replace(
+            'gpu_memory_utilization="0.92"',
+            'enable_extensible_kv_cache="True",gpu_memory_utilization="None"',
+        )
     )
     rig = await make_rig(fake_vllm.url, deps=PollerDeps(nvml=NvmlReader(FakeNvml(gpu))))
     await rig.poll()
     assert value(rig.text, "kv_headroom_gpu_memory_foreign_bytes", gpu="0") == 0
     assert value(rig.text, "kv_headroom_memory_ceiling_bytes") == cuda_total
-    assert value(rig.text, "kv_headroom_budget_drift_ratio", engine="0") is None
-    assert value(rig.text, "kv_headroom_kv_budget_bytes", engine="0", source="expected") is None
-    assert value(rig.text, "kv_headroom_kv_budget_bytes", engine="0", source="observed")
+    # ... and the expected budget is the one sized after warmup, set beside vLLM's.
+    assert value(rig.text, "kv_headroom_kv_budget_bytes", engine="0", source="expected")
 
 
 async def test_nvml_unavailable_is_a_down_source_not_a_crash(
