@@ -4,23 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import GIB, lookup_gpu
 from exporter.capacity.memory import requested_memory
-from exporter.capacity.plan import CUDA_CONTEXT_BYTES, PlanRequest, plan
+from exporter.capacity.plan import CUDA_CONTEXT_BYTES, plan
 from exporter.capacity.releases import release
-from tests.conftest import fixture_config
-
-
-def request(model: str, gpu: str, version: str, **changes: object) -> PlanRequest:
-    base = PlanRequest(
-        arch=parse_config(fixture_config(model), model),
-        model_name=model,
-        gpu=lookup_gpu(gpu),
-        release=release(version),
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
+from tests.capacity.test_releases_033 import request
 
 LLAMA = "meta-llama__Llama-3.1-8B-Instruct"
 
