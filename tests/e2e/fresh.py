@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 
 from exporter.risk.model import (
     WARNING_THRESHOLD,
-    WARNING_USAGE_WINDOW_SECONDS,
     warning_holds,
 )
 from tests.conftest import FIXTURES
@@ -151,19 +150,13 @@ class ColdStartRun:
     @property
     def warning(self) -> Reading | None:
         """The first reading at which the shipped warning's condition holds: the score above
-        WARNING_THRESHOLD with the usage above WARNING_USAGE at some reading of the last
-        WARNING_USAGE_WINDOW_SECONDS, or the score above WARNING_CERTAIN (no ``for:``: a
-        cold start fills its cache in less)."""
+        WARNING_THRESHOLD with the usage peak the sidecar exports for its window
+        (``kv_usage_max_30s_ratio``) above WARNING_USAGE, or the score above WARNING_CERTAIN
+        (no ``for:``: a cold start fills its cache in less)."""
 
         def holds(i: int) -> bool:
             now = self.readings[i]
-            risk = now.risk or 0.0
-            recent = [
-                r.usage or 0.0
-                for r in self.readings[: i + 1]
-                if r.t > now.t - WARNING_USAGE_WINDOW_SECONDS
-            ]
-            return warning_holds(risk, max(recent))
+            return warning_holds(now.risk or 0.0, now.peak_warning)
 
         return self._first(holds)
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from exporter.metrics import USAGE_PEAK_PAGE, USAGE_PEAK_WARNING
 from exporter.risk.bottleneck import RESOURCES
 
 
@@ -33,6 +34,9 @@ class Reading:
     bottleneck: str | None  # the resource whose gauge reads 1
     load_headroom: float | None = None  # absent without traffic
     vllm_up: float | None = None  # whether the sidecar's last poll of vLLM got an answer
+    # The usage's peak over the sidecar's polls of each alert's window: what the rules read.
+    peak_page: float | None = None
+    peak_warning: float | None = None
 
     def row(self, since: float) -> str:
         def f(x: float | None, spec: str) -> str:
@@ -63,6 +67,8 @@ def reading(t: float, text: str) -> Reading:
         bottleneck=binding[0] if len(binding) == 1 else None,
         load_headroom=v("load_headroom_ratio"),
         vllm_up=value(text, "kv_headroom_source_up", source="vllm"),
+        peak_page=v(USAGE_PEAK_PAGE),
+        peak_warning=v(USAGE_PEAK_WARNING),
     )
 
 

@@ -26,9 +26,7 @@ from typing import Any, TypeVar
 
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
-    ALERT_USAGE_WINDOW_SECONDS,
     WARNING_FOR_SECONDS,
-    WARNING_USAGE_WINDOW_SECONDS,
     page_holds,
     warning_holds,
 )
@@ -136,18 +134,18 @@ def first_preemption(samples: Sequence[Sample]) -> float | None:
     return next((s.t for s in samples if s.preemptions > samples[0].preemptions), None)
 
 
-def alert_fired_at(
-    series: Sequence[tuple[float, float, float]], warning: bool = False
-) -> float | None:
+# (time, preemption_risk, kv_usage_max_1m_ratio, kv_usage_max_30s_ratio) at one read of
+# the sidecar's /metrics: the score and each alert's usage gate, as the rules read them.
+Gates = tuple[float, float, float | None, float | None]
+
+
+def alert_fired_at(series: Sequence[Gates], warning: bool = False) -> float | None:
     """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
-    a (time, risk, usage) series; each usage gate is the peak of its window, as its
-    max_over_time reads it."""
+    the sidecar's own series: the score and the usage peak it exports for the alert's gate."""
     hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
     pending = None
-    for i, (t, risk, _) in enumerate(series):
-        window = WARNING_USAGE_WINDOW_SECONDS if warning else ALERT_USAGE_WINDOW_SECONDS
-        peak = max(u for s, _, u in series[: i + 1] if s > t - window)
-        if (warning_holds if warning else page_holds)(risk, peak):
+    for t, risk, page_peak, warning_peak in series:
+        if warning_holds(risk, warning_peak) if warning else page_holds(risk, page_peak):
             pending = t if pending is None else pending
             if t - pending >= hold:
                 return t
@@ -171,8 +169,8 @@ class ArchRun:
     context_text: str = ""
     context_completions: list[tuple[float, int, int]] = field(default_factory=list)
     ramp: RampResult = field(default_factory=lambda: RampResult([]))
-    # (time, preemption_risk, kv_usage_ratio): what the page and the warning read
-    risk: list[tuple[float, float, float]] = field(default_factory=list)
+    # what the page and the warning read, at each read of the sidecar (``Gates``)
+    risk: list[Gates] = field(default_factory=list)
     readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
     unanswered: int = 0  # the watcher's reads of the sidecar that got no answer in time
@@ -188,7 +186,7 @@ class ArchRun:
     @property
     def safe_risk(self) -> list[float]:
         """The risk while one client ran, after its first 30 s (the probe just ended)."""
-        return [v for t, v, _u in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
+        return [v for t, v, *_ in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
 
     @property
     def preemptions(self) -> float:
@@ -304,9 +302,9 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
                 continue
             now = time.time()
             run.readings.append(reading(now, text))
-            risk, usage = run.readings[-1].risk, run.readings[-1].usage
-            if risk is not None:
-                run.risk.append((now, risk, usage or 0.0))
+            last = run.readings[-1]
+            if last.risk is not None:
+                run.risk.append((now, last.risk, last.peak_page, last.peak_warning))
             if not run.context_text and first_preemption(run.ramp.samples) is not None:
                 run.context_text = text
                 run.context_completions = list(run.ramp.completions)
