@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from html import escape
 
 from exporter import __version__
+from exporter.capacity.memory import DEVICE_CAP_ROW
 from exporter.config import Config
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
@@ -390,6 +391,11 @@ def _chain(snap: Snapshot) -> list[tuple[str, str, str]]:
                     f"× utilization {plan.utilization:g}",
                     _gib(t.requested),
                     src.get("utilization", ""),
+                ),
+                *(
+                    [(DEVICE_CAP_ROW[0], _gib(cap), DEVICE_CAP_ROW[1])]
+                    if (cap := t.binding_cap) is not None
+                    else []
                 ),
                 ("− weights", _gib(t.weights), src.get("weights", "")),
                 ("− activation, non-torch, graphs", _gib(t.overhead), "model"),

@@ -378,6 +378,13 @@ def cuda_graph_bytes(
     return model.cuda_graph
 
 
+# How a capacity chain names ``StageMemory.device_cap`` (plan's table, the status page).
+DEVICE_CAP_ROW = (
+    "  capped after warmup at",
+    "total − CUDA context − max(1 GiB, 0.75 × activation)",
+)
+
+
 @dataclass(frozen=True)
 class StageMemory:
     """One worker's budget, every term in bytes."""
@@ -398,6 +405,13 @@ class StageMemory:
     @property
     def non_kv(self) -> int:
         return self.weights + self.overhead
+
+    @property
+    def binding_cap(self) -> int | None:
+        """``device_cap`` where it, not the ceiling, bounds the cache; else None."""
+        if self.device_cap is None or self.device_cap >= self.requested:
+            return None
+        return self.device_cap
 
     @property
     def available(self) -> int:

@@ -26,7 +26,7 @@ from exporter.capacity.deploy_flags import (
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GpuChoice, parse_bytes, resolve_gpu
 from exporter.capacity.kvcache import KV_CACHE_DTYPES
-from exporter.capacity.memory import StageMemory
+from exporter.capacity.memory import DEVICE_CAP_ROW
 from exporter.capacity.plan import (
     Context,
     Plan,
@@ -942,20 +942,6 @@ def traffic_lines(t: TrafficReport) -> list[str]:
     return lines
 
 
-def _after_warmup_rows(t: StageMemory) -> list[tuple[str, str, str]]:
-    """With 0.34's extensible KV cache, what the device leaves after the CUDA context and
-    the margin, where that is below the ceiling (capacity.plan.extensible_kv_cache)."""
-    if t.device_cap is None or t.device_cap >= t.requested:
-        return []
-    return [
-        (
-            "  capped after warmup at",
-            _gib(t.device_cap),
-            "total − CUDA context − max(1 GiB, 0.75 × activation peak)",
-        )
-    ]
-
-
 def _flag_rows(p: Plan) -> list[tuple[str, str, str]]:
     """What the deployment flags put into (or take out of) the weights row."""
     src, mem = p.sources, p.flag_memory
@@ -1012,7 +998,11 @@ def render_table(
         rows += [
             ("GPU memory (CUDA total)", _gib(req.gpu.total_bytes), req.gpu.source),
             (f"× gpu-memory-utilization {p.utilization:g}", _gib(t.requested), src["utilization"]),
-            *_after_warmup_rows(t),
+            *(
+                [(DEVICE_CAP_ROW[0], _gib(cap), DEVICE_CAP_ROW[1])]
+                if (cap := t.binding_cap) is not None
+                else []
+            ),
             ("− weights (this GPU)", _gib(t.weights), src.get("weights", "unknown")),
             *_flag_rows(p),
             ("− activation peak", _gib(t.activation), src["activation"]),

@@ -19,6 +19,7 @@ from exporter.poller import PollerDeps
 from exporter.server import create_app
 from exporter.sources.cmdline import PROCESS_SCAN_SECONDS
 from exporter.sources.nvml import NvmlReader
+from exporter.status import status_page
 from tests.sidecar.conftest import TINYLLAMA, FakeVllm, MakeRig, unused_port
 from tests.sidecar.test_failures import value
 from tests.sources.test_nvml import MIB, FakeGpu, FakeNvml
@@ -134,8 +135,11 @@ async def test_a_cache_vllm_sized_after_warmup_is_vllms_memory_not_foreign(
     await rig.poll()
     assert value(rig.text, "kv_headroom_gpu_memory_foreign_bytes", gpu="0") == 0
     assert value(rig.text, "kv_headroom_memory_ceiling_bytes") == cuda_total
-    # ... and the expected budget is the one sized after warmup, set beside vLLM's.
+    # ... and the expected budget is the one sized after warmup, set beside vLLM's; the
+    # status page's capacity chain shows the cap that sets it.
     assert value(rig.text, "kv_headroom_kv_budget_bytes", engine="0", source="expected")
+    page = status_page(rig.poller.snapshot, rig.poller.config)
+    assert "capped after warmup at" in page
 
 
 async def test_nvml_unavailable_is_a_down_source_not_a_crash(
