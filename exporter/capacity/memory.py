@@ -6,7 +6,11 @@ vLLM (vllm/v1/worker/gpu_worker.py::determine_available_memory):
     available = requested − weights − activation peak − non-torch [− CUDA-graph estimate]
 
 ``total`` is the device memory CUDA reports; what was already in use when the worker took
-its start-up snapshot (the CUDA context, from 0.11 NCCL) is not charged. The weights are
+its start-up snapshot (the CUDA context, from 0.11 NCCL) is not charged. From 0.34 the cache
+is sized after warmup by default (the extensible KV cache,
+vllm/v1/worker/extensible_kv_cache.py::measure_kv_cache_bytes): the utilization defaults to
+1.0 and the device caps the ceiling, ``min(requested, total − context − max(1 GiB, 0.75 ×
+activation peak))`` (``StageMemory.device_cap``; a 3 GiB floor on ROCm). The weights are
 known or estimated (weights.py). The other three terms are measured by vLLM during its
 profile run; this module models them:
 
@@ -381,7 +385,7 @@ def cuda_graph_bytes(
 # How a capacity chain names ``StageMemory.device_cap`` (plan's table, the status page).
 DEVICE_CAP_ROW = (
     "  capped after warmup at",
-    "total − CUDA context − max(1 GiB, 0.75 × activation)",
+    "total − CUDA context − max(1 GiB (3 on ROCm), 0.75 × activation)",
 )
 
 

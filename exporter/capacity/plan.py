@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from exporter.capacity.arch import LayerKind, ModelArch
 from exporter.capacity.deploy_flags import (
@@ -856,7 +857,7 @@ def _encoder_profile(
     mnbt: int,
     max_seqs: int,
     dtype_bytes: int,
-    runner: str,
+    runner: Literal["v0", "v1", "v2"],
     sources: dict[str, str],
 ) -> tuple[int, int]:
     """The encoder profile's share of the profile run: the vision tower's work (patches ×
