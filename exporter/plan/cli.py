@@ -213,7 +213,9 @@ def add_parser(sub: Any) -> None:
         "--available-kv-bytes",
         metavar="BYTES",
         type=_size("--available-kv-bytes"),
-        help="vLLM's printed 'Available KV cache memory' (per GPU, first stage), e.g. 58.11GiB",
+        help="vLLM's printed 'Available KV cache memory' (per GPU, first stage), e.g. 58.11GiB; "
+        "with 0.34's extensible cache that is only the reservation: give the GiB of its "
+        "'Memory after warmup: ... KV cache blocks (X GiB)' line",
     )
     p.add_argument(
         "--context",
