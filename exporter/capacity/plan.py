@@ -954,7 +954,7 @@ def _stage_available(
     sources["kv_budget"] = (
         "estimate after warmup (min(ceiling, total − context − margin) − weights − "
         "activation − non-torch − graphs)"
-        if extensible_kv_cache(req)
+        if any(s.device_cap is not None for s in stages)
         else "estimate (ceiling − weights − activation − non-torch − graphs)"
     )
     return [s.available for s in stages]
