@@ -123,10 +123,15 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     # the modelled KV memory equal the printed one (the forward pass plus it against the
     # sampler's peak, beside the graph estimate the release subtracts). Per layer × MLP
     # width, the mean of those rows; a start whose sampler peak hides any transient
-    # measures nothing.
+    # measures nothing, and neither does a start with a vision tower, as for the TP rows
+    # below: its encoder profile (unvalidated, see memory.py) would be counted as the
+    # transient (Qwen3.5-0.8B's two 0.28 starts, whose 2.46 GiB of consumed memory beyond
+    # the weights no term explains, would move it from 1.55 to 6.93 KiB).
     transients: list[float] = []
     for pt in points:
         if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:
+            continue
+        if pt.request.arch.vision_profile_elems:
             continue
         request = replace(pt.request, weights_bytes=pt.printed_weights_bytes)
         if request.enforce_eager or not request.release.charges_compile_transient:

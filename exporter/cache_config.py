@@ -55,6 +55,11 @@ class CacheConfig(Mapping[str, str]):
     # 0.34+: vLLM sizes the cache after warmup (vllm/config/cache.py, resolved at start-up
     # by config/vllm.py::_resolve_extensible_kv_cache; the label says True or False).
     enable_extensible_kv_cache: bool | None = None
+    # A hybrid Mamba model's state dtypes as vLLM resolved them (the SSM one from the
+    # checkpoint for Qwen3.5 and Nemotron-H: plan._state_dtypes); None for "auto", which
+    # every model's page states and the plan assumes.
+    mamba_cache_dtype: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> CacheConfig:
@@ -70,6 +75,10 @@ class CacheConfig(Mapping[str, str]):
             gpu_memory_utilization=label_value(labels.get("gpu_memory_utilization"), float),
             enable_prefix_caching=label_value(labels.get("enable_prefix_caching"), bool),
             enable_extensible_kv_cache=label_value(labels.get("enable_extensible_kv_cache"), bool),
+            mamba_cache_dtype=_unless_auto(label_value(labels.get("mamba_cache_dtype"), str)),
+            mamba_ssm_cache_dtype=_unless_auto(
+                label_value(labels.get("mamba_ssm_cache_dtype"), str)
+            ),
         )
 
     def __getitem__(self, key: str) -> str:
@@ -80,3 +89,7 @@ class CacheConfig(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+
+def _unless_auto(value: str | None) -> str | None:
+    return None if value == "auto" else value

@@ -80,6 +80,9 @@ class Deployment:
     # 0.34's extensible KV cache (--[no-]enable-extensible-kv-cache; on by default on CUDA):
     # the cache is sized after warmup (plan.extensible_kv_cache).
     enable_extensible_kv_cache: bool | None = None
+    # A hybrid Mamba model's recurrent state (--mamba-cache-dtype, --mamba-ssm-cache-dtype).
+    mamba_cache_dtype: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
     # Where each known value came from; part of equality (a value vLLM now states is news
     # on the status page), not of the hash (a mapping has none).
     origin: Mapping[str, str] = field(
@@ -137,6 +140,8 @@ def resolve(
         offer("num_gpu_blocks_override", cc.num_gpu_blocks_override, FROM_CACHE_CONFIG)
         offer("enable_prefix_caching", cc.enable_prefix_caching, FROM_CACHE_CONFIG)
         offer("enable_extensible_kv_cache", cc.enable_extensible_kv_cache, FROM_CACHE_CONFIG)
+        offer("mamba_cache_dtype", cc.mamba_cache_dtype, FROM_CACHE_CONFIG)
+        offer("mamba_ssm_cache_dtype", cc.mamba_ssm_cache_dtype, FROM_CACHE_CONFIG)
         offer("kv_cache_memory_bytes", cc.kv_cache_memory_bytes, FROM_CACHE_CONFIG)
         offer("kv_cache_memory_bytes", cc.cpu_kvcache_space_bytes, FROM_CACHE_CONFIG)
     offer("max_model_len", max_model_len, FROM_MODELS)
@@ -266,6 +271,9 @@ def plan_request(
         async_scheduling=async_scheduling,
         hybrid_kv_cache_manager=hybrid_kv_cache_manager,
         extensible_kv_cache=deployment.enable_extensible_kv_cache,
+        enable_prefix_caching=deployment.enable_prefix_caching,
+        mamba_cache_dtype=deployment.mamba_cache_dtype or "auto",
+        mamba_ssm_cache_dtype=deployment.mamba_ssm_cache_dtype or "auto",
         **(
             deployment_flags(
                 dict(deployment.items()),

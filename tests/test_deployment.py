@@ -127,3 +127,33 @@ def test_deployment_flashinfer_moves_the_expected_plan_as_plan_flashinfer_does()
     assert absent == pip
     assert image[0] > pip[0]  # the image's sort-free sampler: a smaller peak, more blocks
     assert blocks("0.32.0", "installed") == blocks("0.32.0", None)  # ignored from 0.17
+
+
+def test_the_state_dtypes_and_prefix_caching_vllm_resolved_reach_the_expected_plan() -> None:
+    # cache_config_info states them as vLLM resolved them (Qwen3.5's SSM state in float32
+    # from its checkpoint); the expected plan sizes a hybrid model's state pages with them.
+    import json
+    from pathlib import Path
+
+    from exporter.capacity.arch import parse_config
+    from exporter.capacity.gpus import lookup_gpu
+    from exporter.capacity.plan import plan
+    from exporter.deployment import plan_request
+
+    config = Path(__file__).parent / "fixtures/sizing/configs/Qwen__Qwen3.5-0.8B/config.json"
+    labels = {"mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "bfloat16"}
+    labels |= {"enable_prefix_caching": "False", "block_size": "16"}
+    d = resolve(
+        cache_config=CacheConfig.from_labels(labels), max_model_len=8192, version="0.28.0",
+        cmdline=None, config=None,
+    )  # fmt: skip
+    request = plan_request(
+        d,
+        arch=parse_config(json.loads(config.read_text()), str(config)),
+        model_name="Qwen/Qwen3.5-0.8B",
+        gpu=lookup_gpu("A100"),
+        weights_bytes=None,
+        weights_source="estimate",
+    )
+    assert (request.mamba_ssm_cache_dtype, request.enable_prefix_caching) == ("bfloat16", False)
+    assert plan(request).block_size == 288  # a bf16 state page, not the checkpoint's float32

@@ -206,6 +206,7 @@ def test_vllm_refusing_to_start_exits_1_with_its_message(
         ),
         (["--model", "Llama-3.1-8B-Instruct", "--context", "lots"], "--context = 'lots'"),
         (["--model", "Llama-3.1-8B-Instruct", "--vllm-version", "latest"], "not a vLLM release"),
+        (["--model", "Qwen/Qwen3.5-27B", "--mamba-ssm-cache-dtype", "fp8"], "'fp8'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_value(

@@ -48,8 +48,8 @@ class StateShape:
 
     conv_elems: int
     ssm_elems: int
-    ssm_dtype_bytes: int | None = None  # None: the model dtype
     gated_delta: bool = False  # a Gated DeltaNet layer (Qwen3-Next, Qwen3.5)
+    mamba2: bool = False  # a Mamba2 mixer (Nemotron-H, Granite-4, Bamba, Zamba2, Falcon-H1)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,11 @@ class ModelArch:
     mtp_layers: int = 0  # multi-token-prediction modules the checkpoint ships
     partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
+    # The recurrent SSM state's dtype as the config asks for it, which vLLM applies per
+    # architecture and release (plan._state_dtypes): Qwen3.5's text_config.mamba_ssm_dtype
+    # and Nemotron-H's mamba_ssm_cache_dtype.
+    mamba_ssm_dtype: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
     notes: tuple[str, ...] = ()
 
@@ -435,6 +440,8 @@ def parse_config(
         moe=_moe(r),
         mla=mla,
         quantization=_quantization(config, inner, origin),
+        mamba_ssm_dtype=_state_dtype(r, "mamba_ssm_dtype"),
+        mamba_ssm_cache_dtype=_state_dtype(r, "mamba_ssm_cache_dtype"),
         vision_params=vision_params(config),
         vision_profile_elems=vision_profile_elems(config),
         vision_item_tokens=vision_item_tokens(config),
@@ -656,6 +663,16 @@ def _llama4_layer(*, uses_rope: bool) -> str:
     return "chunked_attention" if uses_rope else "full_attention"
 
 
+_STATE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _state_dtype(r: _Reader, key: str) -> str | None:
+    value = r.str_(key)
+    if value is not None and value not in _STATE_DTYPES:
+        raise InputError(r.origin, r.path(key), value, f"must be one of {', '.join(_STATE_DTYPES)}")
+    return value
+
+
 def _state_shape(r: _Reader, hidden: int | None, approximate: list[str]) -> StateShape:
     """Per-sequence recurrent state, by family (the shapes vLLM's model classes declare)."""
     # Gated DeltaNet (Qwen3-Next, Qwen3.5): conv over q, k, v; state per value head.
@@ -682,7 +699,7 @@ def _state_shape(r: _Reader, hidden: int | None, approximate: list[str]) -> Stat
             head_dim = head_dim or 64
             n_heads = inner // head_dim
         conv_dim = inner + 2 * groups * state
-        return StateShape((kernel - 1) * conv_dim, n_heads * head_dim * state)
+        return StateShape((kernel - 1) * conv_dim, n_heads * head_dim * state, mamba2=True)
     # Mamba1 (Jamba).
     if r.has("mamba_d_state"):
         state = r.int_("mamba_d_state", required=True) or 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
-from exporter.capacity.releases import ConcurrencyLine, Release, TokenLine
+from exporter.capacity.releases import ConcurrencyLine, MambaCacheMode, Release, TokenLine
 from exporter.errors import InputError
 
 OCTAVE_KV_DTYPES = ("octave_k3v4", "octave_k3v3", "octave_k3v3_compact")
@@ -42,6 +42,8 @@ _KV_DTYPE_BYTES = {
 # Attention kernels need block sizes in these steps when vLLM raises the attention block to
 # cover a Mamba page (vllm/platforms/interface.py::_align_hybrid_block_size).
 _HYBRID_BLOCK_ALIGNMENT = 16
+ALL_STATES = 0  # Spec.mamba_blocks for mode "all": one state block per block of tokens
+MAMBA_STATE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # --mamba(-ssm)-cache-dtype
 
 
 def cdiv(a: int, b: int) -> int:
@@ -97,13 +99,15 @@ class Spec:
     block_size: int
     page_bytes: int  # bytes one block of this layer occupies
     window: int | None = None
-    mamba_blocks: int = 1  # state blocks a request holds (2 + checkpoints with prefix caching)
+    # State blocks a request holds: 1, or 2 + checkpoints with prefix caching ("align"), or
+    # ALL_STATES, one per block of tokens (mamba_cache_mode "all").
+    mamba_blocks: int = 1
 
     def blocks_per_request(self, length: int, in_flight_tokens: int) -> int:
         """Blocks one request of ``length`` tokens may pin (``max_memory_usage_bytes``)."""
         bs = self.block_size
         if self.kind is LayerKind.MAMBA:
-            return self.mamba_blocks
+            return cdiv(length, bs) if self.mamba_blocks == ALL_STATES else self.mamba_blocks
         if self.kind is LayerKind.SLIDING:
             assert self.window is not None
             return cdiv(min(self.window - 1 + in_flight_tokens, length), bs) + 1
@@ -186,10 +190,13 @@ def layer_page_bytes(layer: LayerKV, block_size: int, tp: int, dtype_bytes: floa
     return int(block_size * heads * (layer.head_size + layer.head_size_v) * dtype_bytes)
 
 
-def mamba_page_bytes(layer: LayerKV, tp: int, dtype_bytes: int) -> int:
+def mamba_page_bytes(layer: LayerKV, tp: int, conv_bytes: int, ssm_bytes: int) -> int:
+    """One request's recurrent state in one layer on one GPU: the conv state in
+    ``--mamba-cache-dtype`` and the SSM state in ``--mamba-ssm-cache-dtype``, neither of
+    which follows ``--kv-cache-dtype`` (vllm/model_executor/layers/mamba/mamba_utils.py::
+    MambaStateDtypeCalculator, 0.16-0.33)."""
     assert layer.state is not None
-    ssm_bytes = layer.state.ssm_dtype_bytes or dtype_bytes
-    return (layer.state.conv_elems * dtype_bytes + layer.state.ssm_elems * ssm_bytes) // tp
+    return (layer.state.conv_elems * conv_bytes + layer.state.ssm_elems * ssm_bytes) // tp
 
 
 def build_layout(
@@ -201,7 +208,8 @@ def build_layout(
     pp: int,
     dtype_bytes: float,
     hybrid_manager: bool = True,
-    mamba_prefix_caching: bool = False,
+    mamba_cache_mode: MambaCacheMode = "none",
+    state_bytes: tuple[int, int] | None = None,
     gdn_checkpoint_alignment: int | None = None,
 ) -> tuple[Layout, int]:
     """Group the layers as vLLM does; returns the layout and the attention block size used.
@@ -209,9 +217,13 @@ def build_layout(
     ``block_size`` is the configured one; hybrid Mamba models raise it so an attention page
     covers a Mamba page. Without the hybrid manager (old releases or
     ``--disable-hybrid-kv-cache-manager``) sliding and chunked layers are sized as full.
-    With Mamba prefix caching (0.33: mamba_cache_mode "align") a request holds two state
-    blocks, three when Gated DeltaNet layers export prefill checkpoints
-    (``gdn_checkpoint_alignment``), and the attention block is a multiple of that alignment.
+    ``state_bytes`` is the recurrent state's (conv, SSM) element size, the model dtype's by
+    default. The Mamba cache mode is what a request holds of its state
+    (vllm/v1/kv_cache_interface.py::MambaSpec.max_memory_usage_bytes, 0.16-0.33): "none"
+    one block; "align" (prefix caching) two, three when the layers export prefill
+    checkpoints (Mamba2 from 0.32; Gated DeltaNet with ``gdn_checkpoint_alignment``, and the
+    attention block is then a multiple of that alignment); "all" a block per block of
+    tokens, like attention.
     """
     if pp > arch.num_layers:
         raise InputError(
@@ -232,17 +244,22 @@ def build_layout(
 
     attn = [x for x in layers if x.kind is not LayerKind.MAMBA]
     mamba = [x for x in layers if x.kind is LayerKind.MAMBA]
-    # Recurrent state keeps the model dtype when the attention KV is packed (Octave).
-    state_bytes = int(dtype_bytes) if float(dtype_bytes).is_integer() else DTYPE_BYTES[arch.dtype]
-    checkpoints = gdn_checkpoint_alignment is not None and any(
+    conv_bytes, ssm_bytes = state_bytes or (DTYPE_BYTES[arch.dtype],) * 2
+    gdn_checkpoints = gdn_checkpoint_alignment is not None and any(
         x.state is not None and x.state.gated_delta for x in mamba
     )
-    mamba_blocks = (3 if checkpoints else 2) if mamba_prefix_caching else 1
+    checkpoints = gdn_checkpoints or (
+        release.mamba2_prefill_checkpoint
+        and any(x.state is not None and x.state.mamba2 for x in mamba)
+    )
+    mamba_blocks = {"none": 1, "align": 3 if checkpoints else 2, "all": ALL_STATES}[
+        mamba_cache_mode
+    ]
     if mamba and attn:
-        mamba_page = max(mamba_page_bytes(x, tp, state_bytes) for x in mamba)
+        mamba_page = max(mamba_page_bytes(x, tp, conv_bytes, ssm_bytes) for x in mamba)
         per_token = max(layer_page_bytes(x, 1, tp, dtype_bytes) for x in attn)
         align = max(_HYBRID_BLOCK_ALIGNMENT, block_size)
-        if checkpoints and gdn_checkpoint_alignment is not None:
+        if gdn_checkpoints and gdn_checkpoint_alignment is not None:
             align = math.lcm(align, gdn_checkpoint_alignment)
         needed = align * cdiv(mamba_page, align * per_token)
         needed = cdiv(needed, _HYBRID_BLOCK_ALIGNMENT) * _HYBRID_BLOCK_ALIGNMENT
@@ -251,7 +268,7 @@ def build_layout(
     specs: list[Spec] = []
     for x in layers:
         if x.kind is LayerKind.MAMBA:
-            page = mamba_page_bytes(x, tp, state_bytes)
+            page = mamba_page_bytes(x, tp, conv_bytes, ssm_bytes)
             specs.append(Spec(LayerKind.MAMBA, block_size, page, mamba_blocks=mamba_blocks))
         else:
             page = layer_page_bytes(x, block_size, tp, dtype_bytes)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from exporter.capacity.arch import LayerKind, ModelArch
+from exporter.capacity.arch import DTYPE_BYTES, LayerKind, ModelArch
 from exporter.capacity.deploy_flags import (
     DEFAULT_MM_PROFILE,
     MEDUSA_METHODS,
@@ -28,6 +28,7 @@ from exporter.capacity.deploy_flags import (
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GIB, Gpu, neighbours
 from exporter.capacity.kvcache import (
+    MAMBA_STATE_DTYPES,
     OCTAVE_HEAD_SIZE,
     OCTAVE_KV_DTYPES,
     OCTAVE_ROPE_DIM,
@@ -100,7 +101,13 @@ class PlanRequest:
     contexts: tuple[Context, ...] = ()
     async_scheduling: bool = True
     hybrid_kv_cache_manager: bool = True
-    enable_prefix_caching: bool = True  # vLLM's default for generative models
+    # --[no-]enable-prefix-caching; None takes vLLM's default, which for a hybrid Mamba
+    # model is the release's (Release.hybrid_prefix_caching_default) and on otherwise.
+    enable_prefix_caching: bool | None = None
+    # --mamba-cache-dtype / --mamba-ssm-cache-dtype: a hybrid model's recurrent state,
+    # "auto" as vLLM resolves it (_state_dtypes).
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
     # 0.34's extensible KV cache (--[no-]enable-extensible-kv-cache): the cache sized after
     # warmup, the utilization 1.0 unless given; None takes the release's default
     # (``extensible_kv_cache``).
@@ -199,6 +206,14 @@ def default_block_size(arch: ModelArch, gpu: Gpu, release: Release) -> tuple[int
 
 def _validate(req: PlanRequest) -> None:
     arch = req.arch
+    for state_flag, dtype in (
+        ("--mamba-cache-dtype", req.mamba_cache_dtype),
+        ("--mamba-ssm-cache-dtype", req.mamba_ssm_cache_dtype),
+    ):
+        if dtype != "auto" and dtype not in MAMBA_STATE_DTYPES:
+            raise InputError(
+                state_flag, "", dtype, f"must be auto or one of {', '.join(MAMBA_STATE_DTYPES)}"
+            )
     tp, pp = req.tensor_parallel_size, req.pipeline_parallel_size
     if tp < 1:
         raise InputError("--tensor-parallel-size", "", tp, "must be at least 1")
@@ -329,12 +344,14 @@ def plan(req: PlanRequest) -> Plan:
         block_size, sources["block_size"] = req.block_size, "flag"
     else:
         block_size, sources["block_size"] = default_block_size(arch, gpu, rel)
+    configured_block = block_size
 
     _check_kv_dtype(req)
     kv_bytes = kv_dtype_bytes(req.kv_cache_dtype, arch.dtype, arch)
-    # 0.33 read: prefix caching (on by default) puts hybrid Mamba models in "align" mode;
-    # the FlashInfer GDN prefill, used on Hopper and Blackwell, exports checkpoints.
-    align_mode = req.enable_prefix_caching and rel.version >= (0, 33, 0)
+    # A hybrid Mamba model's state: how much of it a request holds and in what dtypes.
+    mamba_mode = rel.mamba_cache_mode(prefix_caching(req), arch.architectures)
+    state_bytes = _state_dtypes(req, sources)
+    # 0.33 read: the FlashInfer GDN prefill, used on Hopper and Blackwell, exports checkpoints.
     gdn_alignment = rel.gdn_checkpoint_alignment if gpu.family in ("hopper", "blackwell") else None
     # A drafter's attention layers (EAGLE, MTP, draft model) join the KV groups: every
     # block holds their pages too (deploy_flags.py; vllm/v1/worker/gpu_model_runner.py::
@@ -369,8 +386,9 @@ def plan(req: PlanRequest) -> Plan:
             pp=pp,
             dtype_bytes=kv_bytes,
             hybrid_manager=req.hybrid_kv_cache_manager,
-            mamba_prefix_caching=align_mode,
-            gdn_checkpoint_alignment=gdn_alignment if align_mode else None,
+            mamba_cache_mode=mamba_mode,
+            state_bytes=state_bytes,
+            gdn_checkpoint_alignment=gdn_alignment if mamba_mode == "align" else None,
         )
 
     if draft_layers and _uniform_type_draft(arch, kv_arch, block_size, tp, kv_bytes):
@@ -381,8 +399,11 @@ def plan(req: PlanRequest) -> Plan:
         layout = replace(layout, extra_block_bytes=extra)
     else:
         layout, block_size = grouped(kv_arch)
-    if block_size != (req.block_size or block_size):
+    if block_size != configured_block:
         sources["block_size"] = "raised to cover the Mamba state page"
+    if any(x.kind is LayerKind.MAMBA for x in arch.layers):
+        caching = "on" if prefix_caching(req) else "off"
+        sources["mamba_cache_mode"] = f'"{mamba_mode}" (prefix caching {caching}, {rel.label})'
 
     flag_memory: dict[str, int] = {}
     stages = _stage_memory(req, utilization, mnbt, max_seqs, sources, flag_memory)
@@ -827,6 +848,42 @@ def _flag_weights(
 MARGIN_FLOOR = 1 << 30
 ROCM_MARGIN_FLOOR = 3 << 30
 MARGIN_FRACTION = 0.75
+
+
+def prefix_caching(req: PlanRequest) -> bool:
+    """Whether vLLM runs with prefix caching: the flag, else its default, which for a
+    hybrid Mamba model depends on the release (Release.hybrid_prefix_caching_default)."""
+    if req.enable_prefix_caching is not None:
+        return req.enable_prefix_caching
+    hybrid = any(x.kind is LayerKind.MAMBA for x in req.arch.layers)
+    return not hybrid or req.release.hybrid_prefix_caching_default
+
+
+def _state_dtypes(req: PlanRequest, sources: dict[str, str]) -> tuple[int, int] | None:
+    """A hybrid model's recurrent state element sizes (conv, SSM), None for no such state.
+
+    The conv state takes ``--mamba-cache-dtype`` ("auto": the model dtype); the SSM state
+    ``--mamba-ssm-cache-dtype``, where "auto" is what vLLM's per-model config update takes
+    from the checkpoint (Release.config_ssm_dtype: Qwen3.5's float32), else the conv
+    state's (mamba_utils.py::MambaStateDtypeCalculator._mamba_state_dtype). Neither
+    follows ``--kv-cache-dtype``.
+    """
+    arch = req.arch
+    if not any(x.kind is LayerKind.MAMBA for x in arch.layers):
+        return None
+    model = DTYPE_BYTES[arch.dtype]
+    conv = model if req.mamba_cache_dtype == "auto" else MAMBA_STATE_DTYPES[req.mamba_cache_dtype]
+    if req.mamba_ssm_cache_dtype != "auto":
+        ssm_name, origin = req.mamba_ssm_cache_dtype, "flag"
+    else:
+        from_config = req.release.config_ssm_dtype(
+            arch.architectures, arch.mamba_ssm_dtype, arch.mamba_ssm_cache_dtype
+        )
+        ssm_name = from_config or ""
+        origin = f"config ({req.release.label})" if from_config else "the conv state's"
+    ssm = MAMBA_STATE_DTYPES.get(ssm_name, conv)
+    sources["mamba_state"] = f"conv {conv} B, SSM {ssm} B per element ({origin})"
+    return conv, ssm
 
 
 def extensible_kv_cache(req: PlanRequest) -> bool:

@@ -11,8 +11,10 @@ the release it changed in. The start-ups it is checked against are
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from exporter.errors import InputError
 
@@ -21,6 +23,31 @@ Version = tuple[int, int, int]
 OLDEST_KNOWN: Version = (0, 6, 0)
 NEWEST_KNOWN: Version = (0, 34, 0)
 DEFAULT_VERSION = "0.32.0"
+
+# Model classes that implement SupportsMambaPrefixCaching (vllm/model_executor/models/, 0.27.1).
+ALL_MODE_ARCHITECTURES = frozenset(
+    {
+        "FalconH1ForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "JambaForCausalLM",
+        "MambaForCausalLM",
+        "Mamba2ForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",  # registry.py maps it to NemotronHForCausalLM
+        "Zamba2ForCausalLM",
+    }
+)
+# The Qwen3.5 classes config.py updates, and from which release: the checkpoints' own
+# (ConditionalGeneration) from 0.17, the text-only ones from 0.27.
+QWEN3_5_ARCHITECTURES = {
+    "Qwen3_5ForConditionalGeneration": (0, 17, 0),
+    "Qwen3_5MoeForConditionalGeneration": (0, 17, 0),
+    "Qwen3_5ForCausalLM": (0, 27, 0),
+    "Qwen3_5MoeForCausalLM": (0, 27, 0),
+}
+# What a hybrid Mamba model's request holds of its recurrent state (kvcache.build_layout).
+MambaCacheMode = Literal["none", "align", "all"]
+NEMOTRON_H_ARCHITECTURES = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"})
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+\-]?(?:post|rc|dev|a|b)?\d*.*)?$")
 
@@ -208,6 +235,61 @@ class Release:
     def octave_kv_cache(self) -> bool:
         # octave_k3v4 / octave_k3v3 / octave_k3v3_compact (ROCM_OCTAVE backend), 0.33.
         return self.version >= (0, 33, 0)
+
+    @property
+    def hybrid_prefix_caching_default(self) -> bool:
+        """Prefix caching is on by default for hybrid Mamba models (0.26+).
+
+        ``ModelConfig.is_prefix_caching_supported`` (vllm/config/model.py) returns False
+        for ``attn_type == "hybrid"`` in 0.16-0.25 ("still experimental") and True from
+        0.26 (read in the 0.16-0.19, 0.22-0.31 and 0.33 wheels).
+        """
+        return self.version >= (0, 26, 0)
+
+    def mamba_cache_mode(
+        self, prefix_caching: bool, architectures: Sequence[str]
+    ) -> MambaCacheMode:
+        """What a hybrid Mamba model's request holds of its state (kvcache.MambaCacheMode).
+
+        ``MambaModelConfig.verify_and_update_config`` (model_executor/models/config.py):
+        with prefix caching, 0.16-0.27 choose "all" for a model class that implements
+        ``SupportsMambaPrefixCaching`` (``ALL_MODE_ARCHITECTURES``, read in 0.27.1) and
+        "align" otherwise; 0.28 on choose "align". Without it, "none". Releases before
+        0.16 were not read: "none".
+        """
+        if not prefix_caching or self.version < (0, 16, 0):
+            return "none"
+        if self.version < (0, 28, 0) and set(architectures) & ALL_MODE_ARCHITECTURES:
+            return "all"
+        return "align"
+
+    def config_ssm_dtype(
+        self, architectures: Sequence[str], mamba_ssm_dtype: str | None, nemotron: str | None
+    ) -> str | None:
+        """The SSM state dtype vLLM takes from the model's config when the flag is "auto".
+
+        model_executor/models/config.py: ``Qwen3_5ForConditionalGenerationConfig`` (0.17+;
+        0.16 has no Qwen3.5 entry) takes ``text_config.mamba_ssm_dtype`` (float32 in every
+        Qwen3.5 checkpoint); ``NemotronHForCausalLMConfig`` takes the config's
+        ``mamba_ssm_cache_dtype`` or float16 (0.16-0.19), float32 (0.22+). None: the
+        model dtype, as the conv state.
+        """
+        names = set(architectures)
+        if any(self.version >= QWEN3_5_ARCHITECTURES.get(a, (99, 0, 0)) for a in names):
+            return mamba_ssm_dtype
+        if names & NEMOTRON_H_ARCHITECTURES and self.version >= (0, 16, 0):
+            return nemotron or ("float32" if self.version >= (0, 22, 0) else "float16")
+        return None
+
+    @property
+    def mamba2_prefill_checkpoint(self) -> bool:
+        """A Mamba2 layer exports a prefill checkpoint with prefix caching (0.32+).
+
+        ``MambaMixer2.get_kv_cache_spec`` (model_executor/layers/mamba/mamba_mixer2.py)
+        sets ``num_prefill_checkpoint_blocks=1`` with alignment 1 in 0.32 and 0.33; 0.29-0.31
+        declare the field and leave it 0. In "align" mode a request then holds 3 state blocks.
+        """
+        return self.version >= (0, 32, 0)
 
     @property
     def gdn_checkpoint_alignment(self) -> int | None:

@@ -25,7 +25,7 @@ from exporter.capacity.deploy_flags import (
 )
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GpuChoice, parse_bytes, resolve_gpu
-from exporter.capacity.kvcache import KV_CACHE_DTYPES
+from exporter.capacity.kvcache import KV_CACHE_DTYPES, MAMBA_STATE_DTYPES
 from exporter.capacity.memory import DEVICE_CAP_ROW
 from exporter.capacity.plan import (
     Context,
@@ -196,6 +196,22 @@ def add_parser(sub: Any) -> None:
         help="vLLM 0.34+ sizes the cache after warmup, at utilization 1.0 unless given; "
         "default: on with a GPU unless --kv-cache-memory-bytes or --num-gpu-blocks-override",
     )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: on, but off for hybrid Mamba models before vLLM 0.26; with it a "
+        "hybrid model's request holds 2-3 state blocks ('align') or, for Mamba2 models "
+        "in 0.26-0.27, one per block of tokens ('all')",
+    )
+    for flag in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype"):
+        p.add_argument(
+            flag,
+            choices=("auto", *MAMBA_STATE_DTYPES),
+            default="auto",
+            help="a hybrid model's recurrent state; auto: the model dtype"
+            + (", or the checkpoint's (Qwen3.5: float32, from 0.17)" if "ssm" in flag else ""),
+        )
     p.add_argument(
         "--disable-hybrid-kv-cache-manager",
         action="store_true",
@@ -580,6 +596,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         quantization=args.quantization,
         flashinfer=args.flashinfer,
         enable_extensible_kv_cache=args.enable_extensible_kv_cache,
+        enable_prefix_caching=args.enable_prefix_caching,
+        mamba_cache_dtype=args.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
     )
     request = plan_request(
         deployment,

@@ -150,6 +150,8 @@ CANONICAL: dict[str, tuple[str, Callable[[str], object] | None]] = {
     "disable-hybrid-kv-cache-manager": ("disable_hybrid_kv_cache_manager", _BOOL),
     "async-scheduling": ("async_scheduling", _BOOL),
     "enable-extensible-kv-cache": ("enable_extensible_kv_cache", _BOOL),
+    "mamba-cache-dtype": ("mamba_cache_dtype", str),
+    "mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", str),
     "port": ("port", _int),
     "host": ("host", str),
 }

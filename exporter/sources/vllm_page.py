@@ -69,6 +69,9 @@ _CACHE_CONFIG_KEPT = (
     "cache_dtype",
     "gpu_memory_utilization",
     "enable_prefix_caching",
+    "enable_extensible_kv_cache",
+    "mamba_cache_dtype",
+    "mamba_ssm_cache_dtype",
 )
 
 

@@ -135,21 +135,26 @@ def test_multi_head_attention_defaults_kv_heads_to_attention_heads() -> None:
     assert arch.attention_kind is AttentionKind.MHA
 
 
+# A four-layer Nemotron-H: three Mamba2 layers and one attention layer.
+NEMOTRON_H = {
+    "architectures": ["NemotronHForCausalLM"],
+    "model_type": "nemotron_h",
+    "num_hidden_layers": 4,
+    "hybrid_override_pattern": "MM*M",
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "mamba_num_heads": 128,
+    "mamba_head_dim": 64,
+    "ssm_state_size": 128,
+    "n_groups": 8,
+    "conv_kernel": 4,
+}
+
+
 def test_nemotron_h_pattern_is_hybrid_mamba_and_flagged_approximate() -> None:
-    cfg = {
-        "model_type": "nemotron_h",
-        "num_hidden_layers": 8,
-        "hybrid_override_pattern": "M-M*M-M*",
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "hidden_size": 4096,
-        "mamba_num_heads": 128,
-        "mamba_head_dim": 64,
-        "ssm_state_size": 128,
-        "n_groups": 8,
-        "conv_kernel": 4,
-    }
+    cfg = {**NEMOTRON_H, "num_hidden_layers": 8, "hybrid_override_pattern": "M-M*M-M*"}
     arch = parse_config(cfg, "nemotron")
     assert kinds(arch.layers) == ["mamba", "mamba", "full", "mamba", "mamba", "full"]
     assert arch.attention_kind is AttentionKind.HYBRID_MAMBA

@@ -15,7 +15,7 @@ from exporter.capacity.kvcache import (
     startup_check,
 )
 from exporter.capacity.releases import TokenLine, release
-from tests.capacity.test_arch import catalogue_config
+from tests.capacity.test_arch import NEMOTRON_H, catalogue_config
 
 GIB = 1 << 30
 TINY = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32}
@@ -85,21 +85,7 @@ def test_old_releases_size_sliding_layers_as_full() -> None:
 
 
 def test_hybrid_mamba_raises_attention_block_to_cover_the_state_page() -> None:
-    cfg = {
-        "model_type": "nemotron_h",
-        "num_hidden_layers": 4,
-        "hybrid_override_pattern": "MM*M",
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "hidden_size": 4096,
-        "mamba_num_heads": 128,
-        "mamba_head_dim": 64,
-        "ssm_state_size": 128,
-        "n_groups": 8,
-        "conv_kernel": 4,
-    }
-    arch = parse_config(cfg, "nemotron")
+    arch = parse_config(NEMOTRON_H, "nemotron")
     _, block = build_layout(
         arch, release=release("0.32.0"), block_size=16, tp=1, pp=1, dtype_bytes=2
     )
