@@ -62,10 +62,13 @@ class LayerKV:
     head_size_v: int = 0  # V head size (MLA: 0, no separate V)
     window: int | None = None  # sliding window W or attention chunk C, in tokens
     state: StateShape | None = None  # MAMBA only
+    # Reads an earlier layer's KV cache and keeps none (Gemma 4's num_kv_shared_layers:
+    # vLLM's Attention with a kv_sharing_target_layer_name gets no KV cache spec).
+    kv_shared: bool = False
 
     def bytes_per_token(self, tp: int, dtype_bytes: float) -> int:
         """Bytes one token costs in this layer on one GPU (0 for constant-size state)."""
-        if self.kind is LayerKind.MAMBA:
+        if self.kind is LayerKind.MAMBA or self.kv_shared:
             return 0
         return int(kv_heads_per_gpu(self, tp) * (self.head_size + self.head_size_v) * dtype_bytes)
 
@@ -127,6 +130,11 @@ class ModelArch:
     # and Nemotron-H's mamba_ssm_cache_dtype.
     mamba_ssm_dtype: str | None = None
     mamba_ssm_cache_dtype: str | None = None
+    # Gemma 4's per-layer embeddings (vocab_size_per_layer_input × layers ×
+    # hidden_size_per_layer_input, an embedding table) and its double-wide MLP on the
+    # KV-shared layers (use_double_wide_mlp: model_executor/models/gemma4.py).
+    per_layer_embed_params: int = 0
+    double_wide_mlp: bool = False
     approximate: tuple[str, ...] = ()  # why the sizing is not exact, if it is not
     notes: tuple[str, ...] = ()
 
@@ -401,13 +409,31 @@ def parse_config(
         )
 
     kinds = _layer_kinds(r, model_type, num_layers, approximate, notes)
+    if isinstance(config.get("audio_config"), Mapping):
+        approximate.append(
+            "the audio tower (audio_config) is not in the weights estimate: pass --weights-bytes"
+        )
     if mla is not None and r.has("index_topk"):
         approximate.append(
             "sparse attention (DSA): the indexer's own key cache (about index_head_dim bytes per "
             "token per layer) is not counted"
         )
     layers: list[LayerKV] = []
-    for kind, window in kinds:
+    # Gemma 4 (vllm/transformers_utils/configs/gemma4.py::gemma4_layer_config, 0.28): full
+    # attention layers take global_head_dim and, with attention_k_eq_v, the global KV
+    # heads; the last num_kv_shared_layers layers read the KV of the last earlier layer
+    # of their type (model_executor/models/gemma4.py::Gemma4Attention) and keep none.
+    global_head = r.int_("global_head_dim")
+    global_kv = r.int_("num_global_key_value_heads") if r.bool_("attention_k_eq_v", False) else None
+    shared_from = num_layers - (r.int_("num_kv_shared_layers", positive=False) or 0)
+    if shared_from < num_layers and len(kinds) != num_layers:
+        raise InputError(
+            origin,
+            r.path("num_kv_shared_layers"),
+            num_layers - shared_from,
+            "KV sharing is modelled only where every layer is an attention layer",
+        )
+    for i, (kind, window) in enumerate(kinds):
         if kind is LayerKind.MAMBA:
             layers.append(LayerKV(LayerKind.MAMBA, state=_state_shape(r, hidden, approximate)))
         elif mla is not None:
@@ -422,7 +448,10 @@ def parse_config(
                     None,
                     "is needed (or hidden_size and num_attention_heads to derive it)",
                 )
-            layers.append(LayerKV(kind, kv_heads, head_size, head_size, window))
+            size, heads = head_size, kv_heads
+            if kind is LayerKind.FULL:
+                size, heads = global_head or head_size, global_kv or kv_heads
+            layers.append(LayerKV(kind, heads, size, size, window, kv_shared=i >= shared_from))
 
     return ModelArch(
         origin=name or origin,
@@ -440,6 +469,10 @@ def parse_config(
         moe=_moe(r),
         mla=mla,
         quantization=_quantization(config, inner, origin),
+        per_layer_embed_params=(r.int_("vocab_size_per_layer_input") or 0)
+        * num_layers
+        * (r.int_("hidden_size_per_layer_input", positive=False) or 0),
+        double_wide_mlp=r.bool_("use_double_wide_mlp", False),
         mamba_ssm_dtype=_state_dtype(r, "mamba_ssm_dtype"),
         mamba_ssm_cache_dtype=_state_dtype(r, "mamba_ssm_cache_dtype"),
         vision_params=vision_params(config),

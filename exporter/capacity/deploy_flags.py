@@ -338,7 +338,11 @@ def draft_kv_layers(
     if method not in DRAFT_KV_METHODS:
         return ()
     if method == "mtp":
-        full = [x for x in target.layers if x.kind in (LayerKind.FULL, LayerKind.MLA)]
+        full = [
+            x
+            for x in target.layers
+            if x.kind in (LayerKind.FULL, LayerKind.MLA) and not x.kv_shared
+        ]
         if not full or mtp < 1:
             return ()
         return (full[-1],) * mtp
@@ -347,9 +351,9 @@ def draft_kv_layers(
     return tuple(
         layer
         if layer.kind in (LayerKind.FULL, LayerKind.MLA, LayerKind.MAMBA)
-        else LayerKV(LayerKind.FULL, layer.num_kv_heads, layer.head_size, layer.head_size_v)
+        else replace(layer, kind=LayerKind.FULL, window=None)
         for layer in draft.layers
-        if layer.kind is not LayerKind.MAMBA
+        if layer.kind is not LayerKind.MAMBA and not layer.kv_shared
     )
 
 

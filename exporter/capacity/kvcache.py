@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from exporter.capacity.arch import DTYPE_BYTES, LayerKind, LayerKV, ModelArch, kv_heads_per_gpu
@@ -236,7 +236,7 @@ def build_layout(
     unify = not (hybrid_manager and release.hybrid_kv_cache_manager)
     if unify:
         layers = tuple(
-            LayerKV(LayerKind.FULL, x.num_kv_heads, x.head_size, x.head_size_v)
+            replace(x, kind=LayerKind.FULL, window=None)
             if x.kind in (LayerKind.SLIDING, LayerKind.CHUNKED)
             else x
             for x in layers
@@ -265,37 +265,41 @@ def build_layout(
         needed = cdiv(needed, _HYBRID_BLOCK_ALIGNMENT) * _HYBRID_BLOCK_ALIGNMENT
         block_size = max(block_size, needed)
 
-    specs: list[Spec] = []
-    for x in layers:
+    specs: dict[int, Spec] = {}  # by layer index; a layer that shares another's KV has none
+    for i, x in enumerate(layers):
+        if x.kv_shared:
+            continue
         if x.kind is LayerKind.MAMBA:
             page = mamba_page_bytes(x, tp, conv_bytes, ssm_bytes)
-            specs.append(Spec(LayerKind.MAMBA, block_size, page, mamba_blocks=mamba_blocks))
+            specs[i] = Spec(LayerKind.MAMBA, block_size, page, mamba_blocks=mamba_blocks)
         else:
             page = layer_page_bytes(x, block_size, tp, dtype_bytes)
-            specs.append(Spec(x.kind, block_size, page, x.window))
-    page = max(s.page_bytes for s in specs)
-    # Mamba pages are padded up to the attention page; attention pages must already agree.
-    specs = [
-        Spec(s.kind, s.block_size, page, s.window, s.mamba_blocks)
-        if s.kind is LayerKind.MAMBA
-        else s
-        for s in specs
-    ]
-    if len({s.page_bytes for s in specs}) > 1:
+            specs[i] = Spec(x.kind, block_size, page, x.window)
+    page = max(s.page_bytes for s in specs.values())
+    # One page size for every group (kv_cache_utils.py::unify_kv_cache_spec_page_size):
+    # Mamba pages are padded up to the largest page; an attention layer with a smaller page
+    # (Gemma 4's sliding layers beside its 512-dim full ones) takes a block that many times
+    # longer, where its page divides the largest.
+    for i, s in specs.items():
+        if s.kind is LayerKind.MAMBA:
+            specs[i] = Spec(s.kind, s.block_size, page, s.window, s.mamba_blocks)
+        elif s.page_bytes != page and page % s.page_bytes == 0:
+            specs[i] = Spec(s.kind, s.block_size * (page // s.page_bytes), page, s.window)
+    if len({s.page_bytes for s in specs.values()}) > 1:
         raise InputError(
             arch.origin,
             "layer_types",
-            sorted({s.page_bytes for s in specs}),
-            "layers with different KV page sizes are not supported by this planner",
+            sorted({s.page_bytes for s in specs.values()}),
+            "layers whose KV pages do not divide the largest are not supported by this planner",
         )
 
     buckets: dict[Spec, list[int]] = {}
-    for i, s in enumerate(specs):
+    for i, s in specs.items():
         buckets.setdefault(s, []).append(i)
     stage_layers = pp_partition(len(layers), pp)
     if len(buckets) == 1:
-        (spec,) = buckets
-        group = Group(spec, tuple(range(len(layers))))
+        ((spec, members),) = buckets.items()
+        group = Group(spec, tuple(members))
         return Layout((group,), block_size, page, 0, stage_layers), block_size
 
     sizes = [len(v) for v in buckets.values()]

@@ -62,8 +62,10 @@ def count_params(arch: ModelArch) -> ParamCount | None:
     layers = []
     for i, layer in enumerate(arch.layers):
         mlp, experts = _mlp_params(arch, i, h)
+        if arch.double_wide_mlp and layer.kv_shared:
+            mlp *= 2  # Gemma 4: the KV-shared layers' MLP is twice as wide
         layers.append(LayerParams(_attention_params(arch, layer, h, heads), mlp, 2 * h, experts))
-    embed = vocab * h
+    embed = vocab * h + arch.per_layer_embed_params
     lm_head = 0 if arch.tie_word_embeddings else embed
     share = arch.moe.experts_per_token / arch.moe.num_experts if arch.moe else 1.0
     return ParamCount(embed, lm_head, tuple(layers), h, arch.vision_params, min(1.0, share))
