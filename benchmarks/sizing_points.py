@@ -120,6 +120,7 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 max_num_seqs=_int(row.get("max_num_seqs") or ""),
                 quantization=row["quantization"] or None,
                 flashinfer_installed=_yes_no(row.get("flashinfer") or ""),
+                enable_prefix_caching=_yes_no(row.get("prefix_caching") or ""),
                 # On CPU the figure is the deployment's setting (VLLM_CPU_KVCACHE_SPACE).
                 kv_cache_memory_bytes=printed_kv_bytes if gpu.platform == "cpu" else None,
             )
