@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from exporter.capacity.arch import DTYPE_BYTES, LayerKind, ModelArch
+from exporter.capacity.arch import DTYPE_BYTES, AttentionKind, LayerKind, ModelArch
 from exporter.capacity.deploy_flags import (
     DEFAULT_MM_PROFILE,
     MEDUSA_METHODS,
@@ -401,7 +401,7 @@ def plan(req: PlanRequest) -> Plan:
         layout, block_size = grouped(kv_arch)
     if block_size != configured_block:
         sources["block_size"] = "raised to cover the Mamba state page"
-    if any(x.kind is LayerKind.MAMBA for x in arch.layers):
+    if arch.attention_kind is AttentionKind.HYBRID_MAMBA:
         caching = "on" if prefix_caching(req) else "off"
         sources["mamba_cache_mode"] = f'"{mamba_mode}" (prefix caching {caching}, {rel.label})'
 
@@ -855,7 +855,7 @@ def prefix_caching(req: PlanRequest) -> bool:
     hybrid Mamba model depends on the release (Release.hybrid_prefix_caching_default)."""
     if req.enable_prefix_caching is not None:
         return req.enable_prefix_caching
-    hybrid = any(x.kind is LayerKind.MAMBA for x in req.arch.layers)
+    hybrid = req.arch.attention_kind is AttentionKind.HYBRID_MAMBA
     return not hybrid or req.release.hybrid_prefix_caching_default
 
 
@@ -869,7 +869,7 @@ def _state_dtypes(req: PlanRequest, sources: dict[str, str]) -> tuple[int, int] 
     follows ``--kv-cache-dtype``.
     """
     arch = req.arch
-    if not any(x.kind is LayerKind.MAMBA for x in arch.layers):
+    if arch.attention_kind is not AttentionKind.HYBRID_MAMBA:
         return None
     model = DTYPE_BYTES[arch.dtype]
     conv = model if req.mamba_cache_dtype == "auto" else MAMBA_STATE_DTYPES[req.mamba_cache_dtype]

@@ -275,7 +275,7 @@ class Release:
         model dtype, as the conv state.
         """
         names = set(architectures)
-        if any(self.version >= QWEN3_5_ARCHITECTURES.get(a, (99, 0, 0)) for a in names):
+        if any(self.version >= since for a, since in QWEN3_5_ARCHITECTURES.items() if a in names):
             return mamba_ssm_dtype
         if names & NEMOTRON_H_ARCHITECTURES and self.version >= (0, 16, 0):
             return nemotron or ("float32" if self.version >= (0, 22, 0) else "float16")
