@@ -212,13 +212,13 @@ PRIOR = replace(
     OverheadModel(),
     compile_bytes=0.0,
     non_torch_single_by_era=(
-        ((0, 28, 0), _CUBLAS),
+        ((0, 27, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
         ((0, 6, 5), _CUBLAS),
         ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT),
     ),
     non_torch_tp_by_era=(
-        ((0, 28, 0), _CUBLAS),
+        ((0, 27, 0), _CUBLAS),
         ((0, 8, 0), _CUBLAS),
         ((0, 6, 5), _CUBLAS + _PR_10511_TP),
         ((0, 0, 0), _CUBLAS + _CUDA_CONTEXT + _PR_10511_TP),
@@ -226,12 +226,13 @@ PRIOR = replace(
 )
 
 
-# Release eras, by what the memory model does differently (newest first): 0.28 charges
-# total_consumed (and from 0.25 dense models profile on Model Runner V2); 0.20 subtracts the
-# CUDA-graph estimate; V1 from 0.8; V0 before it (and 0.8-0.10 on Volta/Turing).
+# Release eras, by what the memory model does differently (newest first): 0.27 charges
+# total_consumed (vllm/utils/mem_utils.py::memory_profiling, first in the 0.27.0 wheel), and
+# from 0.25 dense models profile on Model Runner V2; 0.20 subtracts the CUDA-graph estimate;
+# V1 from 0.8; V0 before it (and 0.8-0.10 on Volta/Turing).
 ERAS: tuple[tuple[str, tuple[int, int, int]], ...] = (
-    ("0.28+", (0, 28, 0)),
-    ("0.20-0.27", (0, 20, 0)),
+    ("0.27+", (0, 27, 0)),
+    ("0.20-0.26", (0, 20, 0)),
     ("V1 0.8-0.19", (0, 8, 0)),
 )
 NEWEST_ERA = ERAS[0][0]

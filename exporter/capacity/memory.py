@@ -69,21 +69,26 @@ profile run; this module models them:
   − TP1 difference of the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an
   H100 under 0.6.x, whose accounting still held NCCL's buffers; no fixture row measures
   it. Releases before 0.6.4 (their worker charged the drop in free memory since device
-  start-up) are not read and take 0.6.4's figures. 0.8-0.27: 0.063 GiB on
+  start-up) are not read and take 0.6.4's figures. 0.8-0.26: 0.063 GiB on
   one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06; Llama-3.1-8B
-  on an A40 under 0.26: 0.08) and 0.30 GiB per GPU with TP > 1 (printed: Qwen3-235B TP8
+  on an A40 under 0.26: 0.08) and 0.19 GiB per GPU with TP > 1 (printed: Qwen3-235B TP8
   under 0.10.2, 0.21; Qwen3-30B-A3B TP4 under 0.8.5, 0.20 twice; and what printed
   weights, KV memory and the modelled peak leave of the ceiling in the TP starts that
-  print no breakdown: Qwen2-7B TP2 under 0.10.1.1, 0.18, 0.18 and 0.14; gpt-oss-120b TP4
-  under 0.10.1.1, 0.21; Qwen3-32B TP2 and Qwen3-235B-A22B-FP8 TP4, twice, on RTX PRO
-  6000 cards without NVLink under 0.27.1, which leave more) — the V0 comm-buffer figure
-  does not carry over. From 0.28 vLLM charges
+  print no breakdown: Qwen2-7B TP2 under 0.10.1.1, 0.16, 0.17 and 0.17; gpt-oss-120b TP4
+  under 0.10.1.1, 0.19) — the V0 comm-buffer figure does not carry over. From 0.27.0
+  (``memory_profiling`` in vllm/utils/mem_utils.py and ``determine_available_memory``
+  in vllm/v1/worker/gpu_worker.py, read in the 0.26.0, 0.27.0 and 0.27.1 wheels: 0.26
+  still prints "for weight, ... for non-torch memory") vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
   ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.33
-  GiB, the mean of the "consumed memory" less the weights of the four 0.28+ starts that
-  print both (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0 = 0.26; Qwen3-14B and
-  -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192 batched tokens), used for TP
-  too (no 0.28+ TP row prints it). A PP stage's worker accounts like one GPU's.
+  GiB on one GPU, the mean of the "consumed memory" less the weights of the four 0.27+
+  starts that print both (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0 = 0.26;
+  Qwen3-14B and -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192 batched
+  tokens); 0.77 GiB per GPU with TP > 1, from the three 0.27+ TP starts, all on one box of
+  RTX PRO 6000 cards without NVLink under 0.27.1: Qwen3-235B-A22B-FP8 TP4 prints 56.89 −
+  55.19 = 1.70, the same deployment with expert parallelism leaves 0.98 and Qwen3-32B TP2
+  −0.37 (its counted peak is too high at TP2: below), a residual with no more evidence
+  than that. A PP stage's worker accounts like one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
   (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
   Runner V2 before 0.29: its ``profile_cudagraph_memory`` (vllm/v1/worker/gpu/
@@ -104,7 +109,7 @@ profile run; this module models them:
   ``compilation_config.mode`` to NONE: vllm/config/vllm.py, 0.29), the first call of the
   ``support_torch_compile`` model (vllm/compilation/decorators.py, ``__call__``) runs
   inside ``profile_run``, inside ``memory_profiling``, whose peak statistics are reset on
-  entry (vllm/utils/mem_utils.py, 0.26; from 0.28 the same high-water mark is charged as
+  entry (vllm/utils/mem_utils.py, 0.26; from 0.27 the same high-water mark is charged as
   ``transient_peak_headroom``): on an empty compile cache Dynamo, Inductor's compile and
   autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
   ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
@@ -175,14 +180,14 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 28, 0), int(0.33 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 27, 0), int(0.33 * GIB)),  # total_consumed less the weights (see above)
         ((0, 8, 0), int(0.063 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 28, 0), int(0.33 * GIB)),
-        ((0, 8, 0), int(0.30 * GIB)),
+        ((0, 27, 0), int(0.77 * GIB)),
+        ((0, 8, 0), int(0.19 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
     )  # per GPU with TP > 1, (first release, bytes), newest first
