@@ -445,6 +445,18 @@ def plan(req: PlanRequest) -> Plan:
     refusal = _float_kv_dtype_refusal(req)
     if refusal is not None:
         failure = StartupFailure(0, 0, 0, refusal, "config")
+    gated_delta = any(x.state is not None and x.state.gated_delta for x in arch.layers)
+    if gated_delta and rel.gdn_warmup_in_profile and gpu.family not in ("hopper", "cpu"):
+        # Not subtracted: what the warm-up leaves is no count a config gives, and the starts
+        # that show it disagree (Qwen3.5-0.8B on an A100 under 0.28 left 2.46 GiB beyond the
+        # weights, 27B starts of the same architecture on A100-class cards 0.51-0.56).
+        notes.append(
+            "Gated DeltaNet layers: vLLM autotunes their Triton prefill kernels inside the "
+            "profile run on this GPU (vLLM PR 36599) and charges what that leaves on the "
+            "device, which this plan does not subtract: 3.4 GiB on an RTX 5090 (vLLM issue "
+            "36973); Qwen3.5 starts on A100s under 0.28 left 0.5-2.5 GiB beyond the weights, "
+            "dense models 0.3-0.5"
+        )
     if rel.sampler_warmup_pass or rel.cublas_in_baseline:
         notes.append(
             "vLLM 0.33's second sampler warm-up pass and cuBLAS handles in the start-up "

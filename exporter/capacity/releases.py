@@ -292,6 +292,20 @@ class Release:
         return self.version >= (0, 32, 0)
 
     @property
+    def gdn_warmup_in_profile(self) -> bool:
+        """Gated DeltaNet layers autotune their Triton prefill kernels inside the profile run
+        (0.18+).
+
+        vLLM PR 36599: ``_forward_core`` calls ``_warmup_prefill_kernels`` when the profile
+        run passes no attention metadata (model_executor/models/qwen3_next.py in 0.18; in
+        0.28 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py), inside
+        ``memory_profiling``; 0.17.0 and 0.17.1 have no warmup. Hopper, and in 0.28
+        datacenter Blackwell with 128-dim keys on CUDA 13, run FlashInfer's GDN kernel
+        instead (``_resolve_gdn_prefill_backend``), which is not autotuned.
+        """
+        return self.version >= (0, 18, 0)
+
+    @property
     def gdn_checkpoint_alignment(self) -> int | None:
         """Block alignment the FlashInfer GDN prefill adds with Mamba prefix caching.
 

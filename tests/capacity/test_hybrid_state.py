@@ -144,3 +144,14 @@ def test_an_unknown_state_dtype_in_the_config_is_refused_naming_the_key() -> Non
     config["text_config"]["mamba_ssm_dtype"] = "float64"
     with pytest.raises(InputError, match="mamba_ssm_dtype"):
         parse_config(config, "config.json")
+
+
+def _gdn_note(p: Plan) -> list[str]:
+    return [n for n in p.notes if n.startswith("Gated DeltaNet layers")]
+
+
+def test_a_gated_deltanet_plan_says_the_profile_run_autotunes_its_kernels_off_hopper() -> None:
+    # vLLM PR 36599 (0.18+): the warm-up runs inside memory_profiling on the Triton path.
+    assert _gdn_note(plan(qwen35()))
+    assert not _gdn_note(plan(qwen35("0.17.1")))  # no warm-up in 0.17
+    assert not _gdn_note(plan(qwen35(gpu=lookup_gpu("H100-80GB"))))  # FlashInfer's kernel
