@@ -122,12 +122,13 @@ profile run; this module models them:
   under 0.24: 0.81), refit by ``benchmarks/plan_accuracy.py``. Per layer × width rather
   than a constant: on the fixture's starts it halves the out-of-family p90 (docs/plan.md),
   and it meets Qwen3-32B's refused start on one RTX PRO 6000 under 0.27.1 (3.86 GiB
-  charged beyond the weights, 3.89 counted, where the 1.30 GiB constant it replaces gave
-  2.76), though it over-charges the same model at TP2 (2.33 counted, 1.66 printed). It
-  depends on the compile cache's state, not only on the config: vLLM issues 54122 and
-  54383 (PRs 54209, 54479, open) report warm restarts getting back 0.47 GiB per GPU
-  (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold starts (a warm
-  restart keeps up to about that much more KV memory than planned).
+  charged beyond the weights, 4.16 counted with the 0.27+ non-torch figure, 3.89 with the
+  older one, where the 1.30 GiB constant it replaces gave 2.76), though it over-charges
+  the same model at TP2 (2.03 GiB of peak counted beside 0.77 of non-torch memory, 1.66
+  printed for both). It depends on the compile cache's state, not only on the config:
+  vLLM issues 54122 and 54383 (PRs 54209, 54479, open) report warm restarts getting back
+  0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold
+  starts (a warm restart keeps up to about that much more KV memory than planned).
 
 ``benchmarks/plan_accuracy.py`` measures the error of the whole model.
 """
