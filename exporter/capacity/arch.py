@@ -122,6 +122,11 @@ class ModelArch:
     # A dynamic-resolution tower's (patch_size, spatial_merge_size, MLP width): the largest
     # image follows the processor's max_pixels (deploy_flags.image_at_max_pixels).
     dynamic_vision: tuple[int, int, int] | None = None
+    # The modality the encoder profile encodes (the one with the most tokens per item) and,
+    # where that is not an image, the largest image's (tokens, profile elems) for a start
+    # whose --limit-mm-per-prompt allows none of it (deploy_flags.profiled_arch).
+    vision_profile_modality: str = "image"
+    vision_image_item: tuple[int, int] | None = None
     mtp_layers: int = 0  # multi-token-prediction modules the checkpoint ships
     partial_rotary_factor: float = 1.0  # share of each head's dims that take RoPE
     final_logit_softcapping: float | None = None  # Gemma 2: one more logits copy when sampling
@@ -481,6 +486,8 @@ def parse_config(
         vision_output_width=vision_output_width(config, hidden),
         vision_input_elems=vision_input_elems(config),
         dynamic_vision=dynamic_vision(config),
+        vision_profile_modality="video" if _gemma4_video(config) else "image",
+        vision_image_item=_gemma4_image(config),
         mtp_layers=mtp_layers(config),
         partial_rotary_factor=_rotary_factor(r),
         final_logit_softcapping=_softcap(r),
@@ -935,12 +942,63 @@ def _quantizes_attention(q: Mapping[str, Any]) -> bool:
 _DYNAMIC_RES_PATCHES = 65_536
 
 
+# Gemma 4's dummy video (vllm/model_executor/models/gemma4_mm.py, 0.28): _VIDEO_MAX_FRAMES
+# frames of _VIDEO_MAX_SOFT_TOKENS soft tokens each, plus a begin and an end token and about
+# six timestamp tokens a frame (get_mm_max_tokens_per_item).
+_GEMMA4_VIDEO_FRAMES = 32
+_GEMMA4_FRAME_SOFT_TOKENS = 70
+_GEMMA4_FRAME_TEXT_TOKENS = 2 + 6
+
+
+def _gemma4_pooling(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Gemma 4's vision tower ``(pooling_kernel_size, default_output_length)``; None for
+    any other model. A frame or image of ``t`` soft tokens is ``t × kernel²`` patches
+    (gemma4_mm.py::get_num_image_tokens: ``max_patches = max_soft_tokens ×
+    pooling_kernel_size²``)."""
+    vc = config.get("vision_config")
+    if config.get("model_type") != "gemma4" or not isinstance(vc, Mapping):
+        return None
+    kernel, out = vc.get("pooling_kernel_size"), vc.get("default_output_length")
+    if not (isinstance(kernel, int) and isinstance(out, int)) or min(kernel, out) <= 0:
+        return None
+    return kernel, out
+
+
+def _gemma4_video(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """``(patches, tokens)`` of the item Gemma 4's encoder profile encodes: the modality
+    with the most tokens per item (gemma4_mm.py::get_mm_max_tokens_per_item, 0.28) is the
+    video, 32 × 78 = 2,496 tokens against an image's ``default_output_length`` (280) and
+    the audio tower's ``audio_seq_length``; every frame goes through the vision tower at
+    70 soft tokens."""
+    pooling = _gemma4_pooling(config)
+    if pooling is None:
+        return None
+    kernel, _ = pooling
+    patches = _GEMMA4_VIDEO_FRAMES * _GEMMA4_FRAME_SOFT_TOKENS * kernel * kernel
+    tokens = _GEMMA4_VIDEO_FRAMES * (_GEMMA4_FRAME_SOFT_TOKENS + _GEMMA4_FRAME_TEXT_TOKENS)
+    return patches, tokens
+
+
+def _gemma4_image(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """Gemma 4's largest image, ``(tokens, profile elems)``: ``default_output_length`` soft
+    tokens, that many × kernel² patches through the tower's MLP."""
+    pooling = _gemma4_pooling(config)
+    vc = config.get("vision_config")
+    inter = vc.get("intermediate_size") if isinstance(vc, Mapping) else None
+    if pooling is None or not isinstance(inter, int):
+        return None
+    kernel, out = pooling
+    return out, out * kernel * kernel * inter
+
+
 def vision_profile_elems(config: Mapping[str, Any]) -> int:
     """What vLLM's encoder profile run pushes through one MLP: patches × intermediate width.
 
-    vLLM profiles the encoder with the largest image the processor allows; a fixed-size
-    tower (SigLIP in Gemma 3: image_size / patch_size squared) sees that many patches, a
-    dynamic-resolution one (Qwen-VL) up to the processor's max_pixels.
+    vLLM profiles the encoder with the largest item of the modality with the most tokens;
+    for an image tower that is the largest image the processor allows: a fixed-size tower
+    (SigLIP in Gemma 3: image_size / patch_size squared) sees that many patches, a
+    dynamic-resolution one (Qwen-VL) up to the processor's max_pixels. Gemma 4's is a
+    video (``_gemma4_video``).
     """
     vc = config.get("vision_config")
     if not isinstance(vc, Mapping):
@@ -949,6 +1007,9 @@ def vision_profile_elems(config: Mapping[str, Any]) -> int:
     hidden = vc.get("hidden_size") or vc.get("embed_dim")
     if not isinstance(inter, int) or not isinstance(hidden, int):
         return 0
+    video = _gemma4_video(config)
+    if video is not None:
+        return video[0] * inter
     image, patch = vc.get("image_size"), vc.get("patch_size") or 14
     if isinstance(image, int) and isinstance(patch, int) and patch > 0:
         patches = (image // patch) ** 2
@@ -999,7 +1060,7 @@ def dynamic_vision(config: Mapping[str, Any]) -> tuple[int, int, int] | None:
     size up to the processor's ``max_pixels`` (Qwen2-VL, 2.5-VL, 3-VL: no ``image_size``),
     the towers ``vision_profile_elems`` sizes at ``_DYNAMIC_RES_PATCHES``; None otherwise."""
     vc = config.get("vision_config")
-    if not isinstance(vc, Mapping) or not vision_profile_elems(config):
+    if not isinstance(vc, Mapping) or not vision_profile_elems(config) or _gemma4_pooling(config):
         return None
     image, patch = vc.get("image_size"), vc.get("patch_size") or 14
     if isinstance(image, int) and isinstance(patch, int) and patch > 0:
@@ -1031,11 +1092,15 @@ def vision_item_tokens(config: Mapping[str, Any]) -> int:
 
     ``mm_tokens_per_image`` where the config gives it (Gemma 3: 256, pooled from 4,096
     patches); otherwise the patches of ``vision_profile_elems`` over the tower's
-    ``spatial_merge_size`` squared (Qwen-VL merges 2 × 2 patches into one token).
+    ``spatial_merge_size`` squared (Qwen-VL merges 2 × 2 patches into one token); for
+    Gemma 4 the tokens of the video its profile encodes (``_gemma4_video``).
     """
     fixed = config.get("mm_tokens_per_image")
     if isinstance(fixed, int) and not isinstance(fixed, bool) and fixed > 0:
         return fixed
+    video = _gemma4_video(config)
+    if video is not None:
+        return video[1]
     vc = config.get("vision_config")
     elems = vision_profile_elems(config)
     if not isinstance(vc, Mapping) or not elems:

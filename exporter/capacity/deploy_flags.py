@@ -237,11 +237,15 @@ class MultimodalProfile:
 
     @property
     def text_only(self) -> bool:
-        """No item of any modality allowed (vllm/config/multimodal.py::
-        get_limit_per_prompt: 0 for all with --language-model-only)."""
-        if self.language_model_only:
-            return True
-        return bool(self.limits) and all(v == 0 for _, v in self.limits)
+        """No image allowed: what the encoder profile of an image tower needs."""
+        return self.allows_none(("image",))
+
+    def allows_none(self, modalities: Sequence[str]) -> bool:
+        """No item of these modalities allowed: --language-model-only (vllm/config/
+        multimodal.py::get_limit_per_prompt: 0 for all), or each limited to 0 (a modality
+        the flag does not name keeps 999, and vLLM profiles it:
+        vllm/multimodal/encoder_budget.py keeps the modalities whose limit is above 0)."""
+        return self.language_model_only or all(self.limit(m) == 0 for m in modalities)
 
     def limit(self, modality: str) -> int:
         """Items of ``modality`` a prompt may hold (999 when not limited, as in vLLM)."""
@@ -505,7 +509,7 @@ def encoder_profile_items(
     if per_item <= 0:
         return 1
     budget = max(max_num_batched_tokens, per_item)
-    limit = mm.limit("image")
+    limit = mm.limit(arch.vision_profile_modality)
     per_prompt = max(1, min(limit, (max_model_len or per_item) // per_item))
     return max(1, min(budget // per_item, max_num_seqs * per_prompt))
 
@@ -568,6 +572,26 @@ def image_at_max_pixels(arch: ModelArch, max_pixels: int) -> tuple[int, int] | N
             break
         tokens -= 1
     return tokens, tokens * merge * merge * inter
+
+
+def profiled_modality(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:
+    """``arch`` with the item of the modality the encoder profile encodes under
+    ``--limit-mm-per-prompt``: where the modality with the most tokens (Gemma 4's video)
+    allows no item, vLLM profiles the largest image instead
+    (vllm/multimodal/encoder_budget.py::get_modality_with_max_tokens over the modalities
+    whose limit is not 0)."""
+    if not arch.vision_image_item or mm.limit(arch.vision_profile_modality) != 0:
+        return arch
+    tokens, elems = arch.vision_image_item
+    inputs = arch.vision_input_elems * elems // max(1, arch.vision_profile_elems)
+    return replace(
+        arch,
+        vision_item_tokens=tokens,
+        vision_profile_elems=elems,
+        vision_input_elems=inputs,
+        vision_profile_modality="image",
+        vision_image_item=None,
+    )
 
 
 def profiled_arch(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:

@@ -47,7 +47,8 @@ profile run; this module models them:
   and 29,000 profile tokens: 3.88 and 3.86 B per token × intermediate × dtype byte
   printed, 3.86 counted) and Qwen2.5-7B on an RTX 3090 under 0.6.6 (8,192 tokens: 3.77
   printed, 3.57 counted). It replaces a slope fitted to those three rows of two families.
-  The encoder profile pushes the largest image through the vision tower, counted the same
+  The encoder profile pushes the largest item of the modality with the most tokens (the
+  largest image; Gemma 4's 32-frame video) through the vision tower, counted the same
   way at SigLIP's shape (intermediate 4,304, hidden 1,152: 3.80 B per patch × MLP width ×
   dtype byte; Gemma-3-27B's vision profile on an H100 then comes to 4.00 GiB, where a
   recent release's log printed a 3.99 GiB torch peak increase, per issue 35). Its outputs

@@ -24,6 +24,7 @@ from exporter.capacity.deploy_flags import (
     lora_buffer_bytes,
     offloaded_bytes,
     profiled_arch,
+    profiled_modality,
 )
 from exporter.capacity.gpus import CATALOGUE as GPU_CATALOGUE
 from exporter.capacity.gpus import GIB, Gpu, neighbours
@@ -951,7 +952,7 @@ def _encoder_profile(
     arch, mm, rel = req.arch, req.mm_profile, req.release
     if not arch.vision_profile_elems:
         return 0, 0
-    if mm.skip or mm.text_only:
+    if mm.skip or mm.allows_none(("image", arch.vision_profile_modality)):
         sources["encoder_profile"] = (
             "skipped (--skip-mm-profiling)"
             if mm.skip
@@ -964,7 +965,8 @@ def _encoder_profile(
             f"{format_version(rel.version)})"
         )
         return 0, 0
-    image = "the largest image"
+    arch = profiled_modality(arch, mm)
+    image = "the largest image" if arch.vision_profile_modality == "image" else "the longest video"
     if mm.max_pixels:
         # --mm-processor-kwargs lowers (or raises) the largest image the processor takes.
         sized = profiled_arch(arch, mm)

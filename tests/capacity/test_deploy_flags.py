@@ -660,3 +660,10 @@ def test_mm_processor_kwargs_reach_plan_and_the_sidecar_from_vllms_flags() -> No
     # One vLLM would refuse is left out, not guessed at.
     bad = deployment_flags({"mm_processor_kwargs": '{"max_pixels": -1}'}, qwen25_vl().arch)
     assert bad["mm_profile"].max_pixels is None
+
+
+def test_a_limit_on_one_modality_leaves_the_others_profiled() -> None:
+    # vLLM keeps every modality whose limit is above 0; one the flag does not name keeps 999.
+    assert not MultimodalProfile(limits=(("video", 0),)).allows_none(("image",))
+    assert MultimodalProfile(limits=(("video", 0),)).allows_none(("video",))
+    assert MultimodalProfile(language_model_only=True).allows_none(("image", "video"))

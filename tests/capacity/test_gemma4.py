@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from exporter.capacity.arch import LayerKind, parse_config
+from exporter.capacity.deploy_flags import MultimodalProfile
 from exporter.capacity.gpus import GIB, lookup_gpu
 from exporter.capacity.plan import PlanRequest, plan
 from exporter.capacity.releases import release
@@ -71,3 +72,25 @@ def test_gemma4_weights_count_the_per_layer_embeddings_and_the_double_wide_mlp()
     ple = 262_144 * 35 * 256  # vocab_size_per_layer_input × layers × hidden_size_per_layer_input
     assert params.embed - narrow.embed == ple
     assert params.total - narrow.total == ple + 20 * 3 * 1536 * 6144
+
+
+def test_gemma4_encoder_profile_encodes_a_32_frame_video() -> None:
+    # gemma4_mm.py (0.28): the video's 32 × (70 + 2 + 6) tokens outnumber an image's 280,
+    # and each frame goes through the tower at 70 soft tokens × 3² patches.
+    assert ARCH.vision_profile_modality == "video"
+    assert ARCH.vision_item_tokens == 32 * 78
+    assert ARCH.vision_profile_elems == 32 * 70 * 9 * 3072
+    assert ARCH.dynamic_vision is None  # no max_pixels resizes it
+    p = plan(replace(l4_request(9.65), available_kv_bytes=None))
+    assert p.sources["encoder_profile"] == "1 dummy item(s) of the longest video"
+
+
+def test_gemma4_with_no_video_allowed_profiles_the_largest_image() -> None:
+    # --limit-mm-per-prompt '{"video": 0}': the image (280 tokens, 2,520 patches) is the
+    # largest item left, and the L4's 2,048-token encoder budget takes 7 of them.
+    mm = MultimodalProfile(limits=(("video", 0),))
+    p = plan(replace(l4_request(9.65), available_kv_bytes=None, mm_profile=mm))
+    assert p.sources["encoder_profile"] == "7 dummy item(s) of the largest image"
+    none = MultimodalProfile(limits=(("video", 0), ("image", 0), ("audio", 0)))
+    p = plan(replace(l4_request(9.65), available_kv_bytes=None, mm_profile=none))
+    assert p.sources["encoder_profile"].startswith("none")
