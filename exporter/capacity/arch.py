@@ -124,7 +124,7 @@ class ModelArch:
     dynamic_vision: tuple[int, int, int] | None = None
     # The modality the encoder profile encodes (the one with the most tokens per item) and,
     # where that is not an image, the largest image's (tokens, profile elems) for a start
-    # whose --limit-mm-per-prompt allows none of it (deploy_flags.profiled_arch).
+    # whose --limit-mm-per-prompt allows none of it (deploy_flags.profiled_modality).
     vision_profile_modality: str = "image"
     vision_image_item: tuple[int, int] | None = None
     mtp_layers: int = 0  # multi-token-prediction modules the checkpoint ships

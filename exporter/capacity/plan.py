@@ -450,7 +450,8 @@ def plan(req: PlanRequest) -> Plan:
     if gated_delta and rel.gdn_warmup_in_profile and gpu.family not in ("hopper", "cpu"):
         # Not subtracted: what the warm-up leaves is no count a config gives, and the starts
         # that show it disagree (Qwen3.5-0.8B on an A100 under 0.28 left 2.46 GiB beyond the
-        # weights, 27B starts of the same architecture on A100-class cards 0.51-0.56).
+        # weights; 27B starts of the same architecture 0.51 on the same A100 and 0.56 on an
+        # 80 GB ROCm card).
         notes.append(
             "Gated DeltaNet layers: vLLM autotunes their Triton prefill kernels inside the "
             "profile run on this GPU (vLLM PR 36599) and charges what that leaves on the "
