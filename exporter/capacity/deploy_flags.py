@@ -235,11 +235,6 @@ class MultimodalProfile:
     # (parse_mm_processor_kwargs); None: the processor's default.
     max_pixels: int | None = None
 
-    @property
-    def text_only(self) -> bool:
-        """No image allowed: what the encoder profile of an image tower needs."""
-        return self.allows_none(("image",))
-
     def allows_none(self, modalities: Sequence[str]) -> bool:
         """No item of these modalities allowed: --language-model-only (vllm/config/
         multimodal.py::get_limit_per_prompt: 0 for all), or each limited to 0 (a modality

@@ -298,7 +298,7 @@ def test_limit_mm_per_prompt_reads_both_of_vllms_spellings() -> None:
         ("image", 0),
         ("video", 1),
     )
-    assert MultimodalProfile(limits=(("image", 0),)).text_only
+    assert MultimodalProfile(limits=(("image", 0),)).allows_none(("image",))
     with pytest.raises(InputError):
         parse_mm_limits('{"image": -1}', "x")
 
@@ -318,7 +318,7 @@ def test_the_sidecar_reads_the_same_flags_from_vllms_command_line() -> None:
     assert out["lora"] == Lora(max_loras=3, max_lora_rank=32)
     assert out["cpu_offload_gb"] == 2.0
     assert out["kv_offloading_size"] == 16.0
-    assert out["mm_profile"].text_only
+    assert out["mm_profile"].allows_none(("image",))
     # A flag vLLM would have refused is left out, not guessed at.
     assert "speculative" not in deployment_flags({"speculative_config": "{"}, llama().arch)
 
@@ -369,7 +369,7 @@ def test_vllms_command_line_and_config_file_carry_the_flags_to_the_expected_plan
     request = sidecar_request(flags.values, llama().arch, 8192)
     assert request.lora == Lora(max_loras=4, max_lora_rank=64)
     assert request.cpu_offload_gb == 2.0
-    assert request.mm_profile.text_only
+    assert request.mm_profile.allows_none(("image",))
     assert request.speculative is not None
     assert len(request.speculative.kv_layers) == 1  # the EAGLE head's config, read locally
     expected = plan(request)
