@@ -148,6 +148,11 @@ class ModelArch:
         return len(self.layers)
 
     @property
+    def gated_delta(self) -> bool:
+        """A layer keeps a Gated DeltaNet state (Qwen3-Next, Qwen3.5)."""
+        return any(x.state is not None and x.state.gated_delta for x in self.layers)
+
+    @property
     def attention_kind(self) -> AttentionKind:
         kinds = {layer.kind for layer in self.layers}
         if LayerKind.MAMBA in kinds:

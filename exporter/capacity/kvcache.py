@@ -245,9 +245,7 @@ def build_layout(
     attn = [x for x in layers if x.kind is not LayerKind.MAMBA]
     mamba = [x for x in layers if x.kind is LayerKind.MAMBA]
     conv_bytes, ssm_bytes = state_bytes or (DTYPE_BYTES[arch.dtype],) * 2
-    gdn_checkpoints = gdn_checkpoint_alignment is not None and any(
-        x.state is not None and x.state.gated_delta for x in mamba
-    )
+    gdn_checkpoints = gdn_checkpoint_alignment is not None and arch.gated_delta
     checkpoints = gdn_checkpoints or (
         release.mamba2_prefill_checkpoint
         and any(x.state is not None and x.state.mamba2 for x in mamba)

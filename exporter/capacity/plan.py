@@ -446,8 +446,7 @@ def plan(req: PlanRequest) -> Plan:
     refusal = _float_kv_dtype_refusal(req)
     if refusal is not None:
         failure = StartupFailure(0, 0, 0, refusal, "config")
-    gated_delta = any(x.state is not None and x.state.gated_delta for x in arch.layers)
-    if gated_delta and rel.gdn_warmup_in_profile and gpu.family not in ("hopper", "cpu"):
+    if arch.gated_delta and rel.gdn_warmup_in_profile and gpu.family not in ("hopper", "cpu"):
         # Not subtracted: what the warm-up leaves is no count a config gives, and the starts
         # that show it disagree (Qwen3.5-0.8B on an A100 under 0.28 left 2.46 GiB beyond the
         # weights; 27B starts of the same architecture 0.51 on the same A100 and 0.56 on an
