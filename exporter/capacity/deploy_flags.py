@@ -577,15 +577,16 @@ def profiled_modality(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:
     whose limit is not 0)."""
     if not arch.vision_image_item or mm.limit(arch.vision_profile_modality) != 0:
         return arch
-    tokens, elems = arch.vision_image_item
+    item = _profiled_item(arch, *arch.vision_image_item)
+    return replace(item, vision_profile_modality="image", vision_image_item=None)
+
+
+def _profiled_item(arch: ModelArch, tokens: int, elems: int) -> ModelArch:
+    """``arch`` profiling an item of ``tokens`` tokens and ``elems`` patches × MLP width; its
+    pixel values scale with the patches, as the tower's work does."""
     inputs = arch.vision_input_elems * elems // max(1, arch.vision_profile_elems)
     return replace(
-        arch,
-        vision_item_tokens=tokens,
-        vision_profile_elems=elems,
-        vision_input_elems=inputs,
-        vision_profile_modality="image",
-        vision_image_item=None,
+        arch, vision_item_tokens=tokens, vision_profile_elems=elems, vision_input_elems=inputs
     )
 
 
@@ -598,11 +599,7 @@ def profiled_arch(arch: ModelArch, mm: MultimodalProfile) -> ModelArch:
     at = image_at_max_pixels(arch, mm.max_pixels) if mm.max_pixels else None
     if at is None:
         return arch
-    # Pixel values scale with the patches, as the tower's work does.
-    inputs = arch.vision_input_elems * at[1] // max(1, arch.vision_profile_elems)
-    return replace(
-        arch, vision_item_tokens=at[0], vision_profile_elems=at[1], vision_input_elems=inputs
-    )
+    return _profiled_item(arch, *at)
 
 
 def speculative_from(
