@@ -95,16 +95,65 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert missing == []
 
 
-@pytest.mark.parametrize("page", [ROOT / "README.md", DOCS / "plan-flags.md"], ids=lambda p: p.name)
-def test_a_plan_example_is_what_plan_prints(page: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    block = re.search(
-        r"```\n\$ kv-headroom (plan (?:[^\n]*\\\n)*[^\n]+)\n(.*?)\n```", page.read_text(), re.S
-    )
-    assert block
-    command = block.group(1).replace("\\\n", " ").split()
-    main(command)  # its exit status is the example's to show; the output is the point
+PLAN_EXAMPLE = re.compile(r"```\n\$ kv-headroom (plan (?:[^\n]*\\\n)*[^\n]+)\n(.*?)\n```", re.S)
+
+
+def _is_excerpt(shown: list[str], printed: list[str]) -> bool:
+    """Whether ``shown`` is ``printed`` with each "…" line standing for any lines (none too):
+    the runs between them appear in order, each whole, and a run at either end of ``shown``
+    is anchored to that end of ``printed``."""
+    runs: list[list[str]] = [[]]
+    for line in shown:
+        if line.strip() == "…":
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    first, *middle, last = runs if len(runs) > 1 else (runs[0], runs[0])
+    if len(runs) == 1:
+        return shown == printed
+    if printed[: len(first)] != first or (last and printed[len(printed) - len(last) :] != last):
+        return False
+    at, end = len(first), len(printed) - len(last)
+    for run in middle:
+        found = next(
+            (j for j in range(at, end - len(run) + 1) if printed[j : j + len(run)] == run), None
+        )
+        if found is None:
+            return False
+        at = found + len(run)
+    return at <= end
+
+
+def _examples() -> list[tuple[str, str, str]]:
+    return [
+        (page.name, m.group(1), m.group(2))
+        for page in (ROOT / "README.md", DOCS / "plan-flags.md")
+        for m in PLAN_EXAMPLE.finditer(page.read_text())
+    ]
+
+
+def test_every_page_with_plan_output_shows_its_command() -> None:
+    assert [page for page, _, _ in _examples()] == ["README.md"] + ["plan-flags.md"] * 3
+
+
+@pytest.mark.parametrize(("page", "command", "shown"), _examples(), ids=lambda v: str(v)[:40])
+def test_a_plan_example_is_what_plan_prints(
+    page: str, command: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(command.replace("\\\n", " ").split())  # its exit status is the example's to show
     printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert printed == [line for line in block.group(2).splitlines() if line.strip()]
+    assert _is_excerpt([line for line in shown.splitlines() if line.strip()], printed)
+
+
+def test_an_excerpt_keeps_its_runs_whole_and_in_order() -> None:
+    printed = ["a", "b", "c", "d"]
+    assert _is_excerpt(["a", "b", "c", "d"], printed)
+    assert _is_excerpt(["a", "…", "d"], printed)
+    assert _is_excerpt(["…", "b", "c", "…"], printed)
+    assert not _is_excerpt(["a", "b", "c"], printed)  # no "…": the whole output
+    assert not _is_excerpt(["…", "c", "b", "…"], printed)
+    assert not _is_excerpt(["…", "b", "d", "…"], printed)
+    assert not _is_excerpt(["b", "…"], printed)  # a first run starts the output
 
 
 def _alert_row(section: str, rule: str) -> tuple[str, str, str]:

@@ -81,14 +81,16 @@ profile run; this module models them:
   in vllm/v1/worker/gpu_worker.py, read in the 0.26.0, 0.27.0 and 0.27.1 wheels: 0.26
   still prints "for weight, ... for non-torch memory") vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
-  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.33
-  GiB on one GPU, the mean of the "consumed memory" less the weights of the four 0.27+
-  starts that print both (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0 = 0.26;
-  Qwen3-14B and -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192 batched
-  tokens); 0.77 GiB per GPU with TP > 1, from the three 0.27+ TP starts, all on one box of
-  RTX PRO 6000 cards without NVLink under 0.27.1: Qwen3-235B-A22B-FP8 TP4 prints 56.89 −
-  55.19 = 1.70, the same deployment with expert parallelism leaves 0.98 and Qwen3-32B TP2
-  −0.37 (its counted peak is too high at TP2: below), a residual with no more evidence
+  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.41
+  GiB on one GPU, the mean of the "consumed memory" less the weights of the six 0.27+
+  starts that print both, two families (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0
+  = 0.26; Qwen3-14B and -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192
+  batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 15.54 − 15.27 =
+  0.27 and 4.11 − 3.22 = 0.89); 0.65 GiB per GPU with TP > 1, from the three 0.27+ TP
+  starts, all on one box of RTX PRO 6000 cards without NVLink under 0.27.1:
+  Qwen3-235B-A22B-FP8 TP4 prints 56.89 − 55.19 = 1.70, the same deployment with expert
+  parallelism leaves 0.89 and Qwen3-32B TP2 −0.65 (its counted peak is too high at TP2:
+  below), a residual with no more evidence than that.
   than that. A PP stage's worker accounts like one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
   (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
@@ -115,18 +117,22 @@ profile run; this module models them:
   autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
   ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
   peaks in the forward pass, so it rides on ``F``, not on the sampler's peak. No code
-  sizes it: a residual, 1.55 KiB per (decoder layer of the stage × MLP width ÷ TP), the
-  mean of the nine one-GPU 0.20+ starts that print their weights, three families
-  (Qwen3-14B and -AWQ on an L40S under 0.28: 1.91, 1.94; under 0.29: 1.74, 1.82, and 1.25
-  with 8,192 batched tokens; Llama-3.1-8B under 0.26 on an A40: 1.79, under 0.31 on an
-  A100: 1.17; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.53; Qwen2.5-7B on an RTX 4090
-  under 0.24: 0.81), refit by ``benchmarks/plan_accuracy.py``. Per layer × width rather
-  than a constant: on the fixture's starts it halves the out-of-family p90 (docs/plan.md),
-  and it meets Qwen3-32B's refused start on one RTX PRO 6000 under 0.27.1 (3.86 GiB
-  charged beyond the weights, 4.16 counted with the 0.27+ non-torch figure, 3.89 with the
-  older one, where the 1.30 GiB constant it replaces gave 2.76), though it over-charges
-  the same model at TP2 (2.03 GiB of peak counted beside 0.77 of non-torch memory, 1.66
-  printed for both). It depends on the compile cache's state, not only on the config:
+  sizes it: a residual, 1.91 KiB per (decoder layer of the stage × MLP width ÷ TP), the
+  mean of the eleven one-GPU 0.20+ starts that print their weights, three families
+  (Qwen3-14B and -AWQ on an L40S under 0.28: 1.79, 1.82; under 0.29: 1.62, 1.70, and 1.13
+  with 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 1.98,
+  5.85, read like every row from the KV memory: 0.96 GiB, of which its printed peak
+  leaves 0.49 and its non-torch memory over the mean the rest; Llama-3.1-8B under 0.26 on an
+  A40: 1.79, under 0.31 on an A100: 0.98; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.53;
+  Qwen2.5-7B on an RTX 4090 under 0.24: 0.81), refit by ``benchmarks/plan_accuracy.py``.
+  Per layer × width rather than a constant: on the fixture's starts it halves the
+  out-of-family p90 (docs/plan.md). It over-charges Qwen3-32B, whose refused start on one
+  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (4.80 counted with the
+  0.27+ non-torch figure; the 1.30 GiB constant it replaced gave 2.76), and the same model
+  at TP2 (2.31 GiB of peak counted beside 0.65 of non-torch memory, 1.66 printed for both):
+  the transient is not proportional to layers × width at either end (0.41-1.21 GiB over
+  the eleven rows, 1.08-1.21 for the 14B).
+  It depends on the compile cache's state, not only on the config:
   vLLM issues 54122 and 54383 (PRs 54209, 54479, open) report warm restarts getting back
   0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold
   starts (a warm restart keeps up to about that much more KV memory than planned).
@@ -168,7 +174,7 @@ class OverheadModel:
     cuda_graph: int = int(0.62 * GIB)
     # The profile run's first torch.compile on a cold cache, on top of the forward pass, per
     # (decoder layer of the stage × MLP width ÷ TP): a residual with its rows (see above).
-    compile_bytes: float = 1.55 * 1024
+    compile_bytes: float = 1.91 * 1024
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -182,13 +188,13 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.33 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 27, 0), int(0.41 * GIB)),  # total_consumed less the weights (see above)
         ((0, 8, 0), int(0.063 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.77 * GIB)),
+        ((0, 27, 0), int(0.65 * GIB)),
         ((0, 8, 0), int(0.19 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),

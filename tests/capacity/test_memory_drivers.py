@@ -339,7 +339,7 @@ def test_the_plan_names_the_sampler_path_its_activation_assumes() -> None:
     assert source("0.31.0").endswith("sampler: Model Runner V2, in place)")
 
 
-def vl_plan(model: str, version: str) -> tuple[int, str]:
+def vl_plan(model: str, version: str, *, eager: bool = False) -> tuple[int, str]:
     """Gemma 3's first-stage peak on one H100 at vLLM's defaults, and its encoder source."""
     req = PlanRequest(
         arch=parse_config(fixture_config(model), "model"),
@@ -347,6 +347,7 @@ def vl_plan(model: str, version: str) -> tuple[int, str]:
         gpu=lookup_gpu("H100"),
         release=release(version),
         max_model_len=32_768,
+        enforce_eager=eager,
     )
     out = plan(req)
     return out.stages[0].activation, out.sources["encoder_profile"]
@@ -391,8 +392,9 @@ def test_vllm_0_11_pads_each_dummy_image_to_the_encoder_budget() -> None:
 
 
 def test_model_runner_v2_profiles_no_encoder_before_0_27() -> None:
-    # 0.25-0.26 serve every dense model with V2, whose profile_run skips the encoder.
-    before, said = vl_plan("google__gemma-3-27b-it", "0.26.0")
-    after, _ = vl_plan("google__gemma-3-27b-it", "0.27.1")
+    # 0.25-0.26 serve every dense model with V2, whose profile_run skips the encoder. Eager,
+    # so that the cold-compile residual riding on the forward pass does not hide the encoder.
+    before, said = vl_plan("google__gemma-3-27b-it", "0.26.0", eager=True)
+    after, _ = vl_plan("google__gemma-3-27b-it", "0.27.1", eager=True)
     assert said.startswith("none (Model Runner V2 profiles no encoder before 0.27")
-    assert after - before > GIB // 2
+    assert after - before > 2 * GIB

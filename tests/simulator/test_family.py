@@ -77,7 +77,7 @@ def test_an_abrupt_hour_steps_up_and_a_ramp_grows() -> None:
 
 
 def test_a_placed_hour_runs_at_its_fraction_of_the_largest_multiple_held() -> None:
-    d = draw(3)  # a light hour of long prompts: few requests, a quick search
+    d = draw(12)  # a light hour on a small GPU: few requests, a quick search
     placed = place(d)
     limit = placed.limit
     assert limit.held is not None
