@@ -57,6 +57,7 @@ from typing import Any
 import yaml
 
 from exporter.capacity.gpus import parse_bytes
+from exporter.capacity.memory import OverheadModel
 from exporter.errors import InputError
 from exporter.simulator.requestlog import (
     ROLES,
@@ -158,6 +159,8 @@ class Scenario:
     tags: tuple[str, ...] = field(default=())  # the scenario's classes, for the benchmark
     # Arrivals drawn in code (the benchmark's randomized family), beside phases and logs.
     requests: tuple[Arrival, ...] = field(default=(), repr=False)
+    # The residuals plan sizes the engine with; None: today's (the fuzz tier pins its own).
+    overhead: OverheadModel | None = field(default=None, repr=False)
 
     def foreign_bytes_at(self, t: float) -> int:
         current = 0

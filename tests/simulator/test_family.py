@@ -3,12 +3,17 @@ by plan --traffic's own search."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 
+import pytest
+
+from exporter.capacity import memory
 from exporter.plan.traffic import Traffic, replay
-from exporter.simulator import family
+from exporter.simulator import family, simulation
 from exporter.simulator.family import HOUR, Tenant, draw, place, shape_at
+from exporter.simulator.simulation import Simulation
 
 
 def test_a_seed_draws_the_same_hour_every_time() -> None:
@@ -99,3 +104,28 @@ def test_a_placed_hour_runs_at_its_fraction_of_the_largest_multiple_held() -> No
     assert list(scenario.requests) == traffic.at(placed.multiple)
     outcome = replay(traffic, family.engine_for(d), placed.multiple, max_queue_wait=float("inf"))
     assert outcome.preemptions == 0
+
+
+def test_a_refit_of_plans_residuals_leaves_the_tiers_engines_where_they_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Today's residuals doubled stand for a refit: an ordinary scenario's engine shrinks, the
+    # tier's (searched and replayed) do not, so the tier is not re-placed by it.
+    d = draw(12)
+    before = family.engine_for(d)
+    scenario = family.Placed(d, place(d).limit, 1.0).scenario()
+    replayed = Simulation(scenario).engine.config
+    plain = dataclasses.replace(scenario, overhead=None)
+    ordinary = Simulation(plain).engine.config
+    refit = dataclasses.replace(
+        memory.DEFAULT_OVERHEAD,
+        compile_bytes=2 * memory.DEFAULT_OVERHEAD.compile_bytes,
+        non_torch_single_by_era=tuple(
+            (since, 2 * b) for since, b in memory.DEFAULT_OVERHEAD.non_torch_single_by_era
+        ),
+    )
+    monkeypatch.setattr(simulation, "DEFAULT_OVERHEAD", refit)
+    assert Simulation(plain).engine.config.num_blocks < ordinary.num_blocks
+    assert draw(12) == d  # its arrivals are drawn at the capacity plan gives too
+    assert family.engine_for(d) == before
+    assert Simulation(scenario).engine.config == replayed == before
