@@ -108,9 +108,9 @@ def _is_excerpt(shown: list[str], printed: list[str]) -> bool:
             runs.append([])
         else:
             runs[-1].append(line)
-    first, *middle, last = runs if len(runs) > 1 else (runs[0], runs[0])
     if len(runs) == 1:
         return shown == printed
+    first, *middle, last = runs
     if printed[: len(first)] != first or (last and printed[len(printed) - len(last) :] != last):
         return False
     at, end = len(first), len(printed) - len(last)
@@ -125,6 +125,7 @@ def _is_excerpt(shown: list[str], printed: list[str]) -> bool:
 
 
 def _examples() -> list[tuple[str, str, str]]:
+    """(page, command, output shown) of every ``$ kv-headroom plan`` block of the pages."""
     return [
         (page.name, m.group(1), m.group(2))
         for page in (ROOT / "README.md", DOCS / "plan-flags.md")
@@ -136,7 +137,10 @@ def test_every_page_with_plan_output_shows_its_command() -> None:
     assert [page for page, _, _ in _examples()] == ["README.md"] + ["plan-flags.md"] * 3
 
 
-@pytest.mark.parametrize(("page", "command", "shown"), _examples(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("page", "command", "shown"),
+    [pytest.param(*e, id=f"{e[0]}-{i}") for i, e in enumerate(_examples())],
+)
 def test_a_plan_example_is_what_plan_prints(
     page: str, command: str, shown: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

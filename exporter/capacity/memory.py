@@ -90,8 +90,8 @@ profile run; this module models them:
   starts, all on one box of RTX PRO 6000 cards without NVLink under 0.27.1:
   Qwen3-235B-A22B-FP8 TP4 prints 56.89 − 55.19 = 1.70, the same deployment with expert
   parallelism leaves 0.89 and Qwen3-32B TP2 −0.65 (its counted peak is too high at TP2:
-  below), a residual with no more evidence than that.
-  than that. A PP stage's worker accounts like one GPU's.
+  below), a residual with no more evidence than that. A PP stage's worker accounts like
+  one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
   (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
   Runner V2 before 0.29: its ``profile_cudagraph_memory`` (vllm/v1/worker/gpu/
