@@ -400,7 +400,7 @@ def draw(seed: int) -> Draw:
     for _attempt in range(20):
         deployment = _deployment(rng)
         try:
-            sized = size(Scenario("fuzz", "", "safe", HOUR, seed, deployment, {}), TIER_OVERHEAD)
+            sized = size(_sizing_scenario("fuzz", seed, deployment))
         except InputError:
             continue  # vLLM would not start this one: draw another
         plan = sized.plan
@@ -449,11 +449,16 @@ class Placed:
         )
 
 
+def _sizing_scenario(name: str, seed: int, deployment: dict[str, Any]) -> Scenario:
+    """The deployment alone, sized with the tier's pinned residuals."""
+    return Scenario(name, "", "safe", HOUR, seed, deployment, {}, overhead=TIER_OVERHEAD)
+
+
 def engine_for(d: Draw) -> EngineConfig:
     """The simulated engine of the draw's deployment, as ``plan`` sizes it (with the tier's
     pinned residuals)."""
-    scenario = Scenario(d.name, "", "safe", HOUR, d.seed, d.deployment, {})
-    sized = size(scenario, TIER_OVERHEAD)
+    scenario = _sizing_scenario(d.name, d.seed, d.deployment)
+    sized = size(scenario)
     return engine_config(scenario, sized.plan, sized.gpu)
 
 

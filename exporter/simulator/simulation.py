@@ -16,7 +16,7 @@ from pathlib import Path
 
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import GIB, Gpu, lookup_gpu
-from exporter.capacity.memory import DEFAULT_OVERHEAD, OverheadModel
+from exporter.capacity.memory import DEFAULT_OVERHEAD
 from exporter.capacity.plan import Plan, PlanRequest, plan
 from exporter.capacity.releases import release
 from exporter.capacity.steptime import step_times
@@ -88,9 +88,9 @@ class Sizing:
     cache_config: dict[str, str]
 
 
-def size(scenario: Scenario, overhead: OverheadModel | None = None) -> Sizing:
-    """What vLLM would size for the scenario's deployment, by ``plan`` with ``overhead`` as
-    its memory model's residuals (None: today's; the fuzz tier pins its own)."""
+def size(scenario: Scenario) -> Sizing:
+    """What vLLM would size for the scenario's deployment, by ``plan`` with the scenario's
+    memory-model residuals (``Scenario.overhead``; None: today's)."""
     d = scenario.deployment
     where = scenario.source or scenario.name
     model_spec = str(d.get("model", "meta-llama/Llama-3.1-8B-Instruct"))
@@ -115,7 +115,7 @@ def size(scenario: Scenario, overhead: OverheadModel | None = None) -> Sizing:
         weights_source="scenario"
         if "weights_bytes" in d
         else (source.weights_source or "estimate"),
-        overhead=overhead or DEFAULT_OVERHEAD,
+        overhead=scenario.overhead or DEFAULT_OVERHEAD,
     )
     sized = plan(req)
     if sized.startup_failure is not None:
@@ -185,7 +185,7 @@ class Simulation:
     def __init__(self, scenario: Scenario, *, start_time: float = 0.0) -> None:
         scenario = with_logs(scenario, read_log)
         self.scenario = scenario
-        self.sizing = size(scenario, scenario.overhead)
+        self.sizing = size(scenario)
         self.start_time = start_time
         self.engine = Engine(_engine_config(scenario, self.sizing.plan, self.sizing.gpu), start=0.0)
         self._arrivals: Iterator[Arrival] = arrivals(scenario)
