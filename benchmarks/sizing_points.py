@@ -15,6 +15,7 @@ import csv
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import GIB, lookup_gpu
@@ -82,6 +83,14 @@ def _yes_no(text: str) -> bool | None:
     return {"yes": True, "no": False}.get(text)
 
 
+def _runner(text: str) -> Literal["v1", "v2"] | None:
+    """VLLM_USE_V2_MODEL_RUNNER as the row's command set it; empty: the release's choice."""
+    if text in ("v1", "v2"):
+        return "v1" if text == "v1" else "v2"
+    assert not text, f"model_runner {text!r}: v1, v2 or empty"
+    return None
+
+
 def family_of(model_type: str) -> str:
     """``qwen3_moe`` and ``qwen3_vl_moe_text`` → ``qwen3``: leave-one-family-out groups."""
     base = model_type.removesuffix("_text")
@@ -121,6 +130,7 @@ def load_points(path: Path = POINTS) -> list[StartupPoint]:
                 quantization=row["quantization"] or None,
                 flashinfer_installed=_yes_no(row.get("flashinfer") or ""),
                 enable_prefix_caching=_yes_no(row.get("prefix_caching") or ""),
+                model_runner=_runner(row.get("model_runner") or ""),
                 # On CPU the figure is the deployment's setting (VLLM_CPU_KVCACHE_SPACE).
                 kv_cache_memory_bytes=printed_kv_bytes if gpu.platform == "cpu" else None,
             )

@@ -233,6 +233,13 @@ _CORE_SPECS: tuple[Spec[Any], ...] = (
         "profile peak (the vllm/vllm-openai image: installed; pip install vllm: absent, "
         "the default)",
     ),
+    _dep(
+        "model_runner",
+        parse_enum("v1", "v2"),
+        "VLLM_USE_V2_MODEL_RUNNER=0 (v1) or =1 (v2) in vLLM's environment, vLLM 0.12+: the "
+        "runner moves the profile run's graph estimate and sampler peak (default: the "
+        "release's choice for the model)",
+    ),
 )
 # The sidecar's own settings, then each registered source's (sources/registry.py), in the
 # registry's order: a source brings its keys, variables, flags and docs rows with it.

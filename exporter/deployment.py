@@ -63,6 +63,9 @@ class Deployment:
     # "installed" or "absent": FlashInfer in vLLM's environment, which no vLLM page or flag
     # says; before 0.11.1 it moves the profile run's sampler peak (memory.sampler_path).
     flashinfer: str | None = None
+    # "v1" or "v2": VLLM_USE_V2_MODEL_RUNNER=0 or =1 in vLLM's environment (0.12+), which no
+    # vLLM page or flag shows; vLLM reads it before its own choice (plan._v2_runner).
+    model_runner: str | None = None
     # Flags that move the budget or the blocks (capacity/deploy_flags.py); the three JSON
     # flags as their JSON text.
     speculative_config: str | None = None
@@ -266,6 +269,11 @@ def plan_request(
         flashinfer_installed=None
         if deployment.flashinfer is None
         else deployment.flashinfer == "installed",
+        model_runner="v1"
+        if deployment.model_runner == "v1"
+        else "v2"
+        if deployment.model_runner == "v2"
+        else None,
         available_kv_bytes=available_kv_bytes,
         contexts=contexts,
         async_scheduling=async_scheduling,

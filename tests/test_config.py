@@ -404,9 +404,9 @@ def test_describe_lists_every_setting_with_its_source(tmp_path: Path) -> None:
     assert by_key["web.config_file"] == ("(not set)", "default")
     # The sidecar's own settings, then those each registered source declares (dcgm's three).
     from_sources = sum(len(plugin.settings) for plugin in REGISTRY)
-    # The seventeen ``deployment:`` keys: what the sidecar may be told where vLLM does not say
+    # The eighteen ``deployment:`` keys: what the sidecar may be told where vLLM does not say
     # (the resolved ``Deployment`` has more fields, read from vLLM alone).
-    assert len(rows) == 1 + 14 + 17 + from_sources
+    assert len(rows) == 1 + 14 + 18 + from_sources
 
 
 YAML_VALUES = st.recursive(

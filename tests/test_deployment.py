@@ -81,52 +81,64 @@ def test_items_list_the_known_flags_and_leave_out_the_origin() -> None:
     assert d.items() == (("model", "m"), ("max_num_seqs", 4))
 
 
-def test_deployment_flashinfer_moves_the_expected_plan_as_plan_flashinfer_does() -> None:
-    # Before 0.11.1 vLLM's profile-run sampler sorts the logits unless FlashInfer is
-    # installed (memory.sampler_path); no vLLM page or flag says which, so the sidecar is
-    # told with deployment.flashinfer, as plan is with --flashinfer.
+def _told_blocks(version: str, key: str, value: str | None) -> tuple[int, int]:
+    """Llama-3.1-8B on an H100 under ``version``: the sidecar's expected plan's blocks when
+    told ``deployment.<key>`` through its environment, and plan's with ``--<key>``."""
     from exporter.capacity.plan import plan
     from exporter.cli import build_parser
     from exporter.config import load_config
     from exporter.deployment import plan_request
     from exporter.plan.cli import build_request
 
-    def blocks(version: str, flashinfer: str | None) -> tuple[int, int]:
-        argv = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"]
-        argv += ["--vllm-version", version]
-        cli = build_request(
-            build_parser().parse_args(argv + (["--flashinfer", flashinfer] if flashinfer else []))
-        )
-        env = {"KV_HEADROOM_DEPLOYMENT_VLLM_VERSION": version}
-        if flashinfer:
-            env["KV_HEADROOM_DEPLOYMENT_FLASHINFER"] = flashinfer
-        config = load_config({}, env)
-        assert config.deployment.flashinfer == flashinfer
-        deployment = resolve(
-            cache_config=None,
-            max_model_len=None,
-            version=None,
-            cmdline=None,
-            config=config.deployment,
-        )
-        assert deployment.origin.get("flashinfer") == (FROM_CONFIG if flashinfer else None)
-        expected = plan_request(
-            deployment,
-            arch=cli.arch,
-            model_name=cli.model_name,
-            gpu=cli.gpu,
-            weights_bytes=cli.weights_bytes,
-            weights_source=cli.weights_source,
-        )
-        assert expected.flashinfer_installed == cli.flashinfer_installed
-        return plan(expected).cap.num_blocks, plan(cli).cap.num_blocks
+    flag = "--" + key.replace("_", "-")
+    argv = ["plan", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "H100"]
+    argv += ["--vllm-version", version] + ([flag, value] if value else [])
+    cli = build_request(build_parser().parse_args(argv))
+    env = {"KV_HEADROOM_DEPLOYMENT_VLLM_VERSION": version}
+    if value:
+        env[f"KV_HEADROOM_DEPLOYMENT_{key.upper()}"] = value
+    config = load_config({}, env)
+    assert getattr(config.deployment, key) == value
+    deployment = resolve(
+        cache_config=None, max_model_len=None, version=None, cmdline=None, config=config.deployment
+    )
+    assert deployment.origin.get(key) == (FROM_CONFIG if value else None)
+    expected = plan_request(
+        deployment,
+        arch=cli.arch,
+        model_name=cli.model_name,
+        gpu=cli.gpu,
+        weights_bytes=cli.weights_bytes,
+        weights_source=cli.weights_source,
+    )
+    return plan(expected).cap.num_blocks, plan(cli).cap.num_blocks
 
-    pip, image, absent = (blocks("0.10.2", f) for f in (None, "installed", "absent"))
+
+def test_deployment_flashinfer_moves_the_expected_plan_as_plan_flashinfer_does() -> None:
+    # Before 0.11.1 vLLM's profile-run sampler sorts the logits unless FlashInfer is
+    # installed (memory.sampler_path); no vLLM page or flag says which, so the sidecar is
+    # told with deployment.flashinfer, as plan is with --flashinfer.
+    pip, image, absent = (
+        _told_blocks("0.10.2", "flashinfer", f) for f in (None, "installed", "absent")
+    )
     assert pip[0] == pip[1]  # the sidecar's expected plan is plan's, block for block
     assert image[0] == image[1]
     assert absent == pip
     assert image[0] > pip[0]  # the image's sort-free sampler: a smaller peak, more blocks
-    assert blocks("0.32.0", "installed") == blocks("0.32.0", None)  # ignored from 0.17
+    # ignored from 0.17
+    assert _told_blocks("0.32.0", "flashinfer", "installed") == _told_blocks(
+        "0.32.0", "flashinfer", None
+    )
+
+
+def test_deployment_model_runner_moves_the_expected_plan_as_plan_model_runner_does() -> None:
+    # VLLM_USE_V2_MODEL_RUNNER sits in vLLM's environment, which no page or flag shows: the
+    # sidecar is told with deployment.model_runner, as plan is with --model-runner. Under
+    # 0.26 a dense model defaults to V2, which subtracts no CUDA-graph estimate; V1 does.
+    default, v1, v2 = (_told_blocks("0.26.0", "model_runner", r) for r in (None, "v1", "v2"))
+    assert v1[0] == v1[1]  # the sidecar's expected plan is plan's, block for block
+    assert default == v2
+    assert v1[0] < v2[0]  # V1 also subtracts the graph estimate
 
 
 def test_the_state_dtypes_and_prefix_caching_vllm_resolved_reach_the_expected_plan() -> None:

@@ -207,6 +207,17 @@ def test_vllm_refusing_to_start_exits_1_with_its_message(
         (["--model", "Llama-3.1-8B-Instruct", "--context", "lots"], "--context = 'lots'"),
         (["--model", "Llama-3.1-8B-Instruct", "--vllm-version", "latest"], "not a vLLM release"),
         (["--model", "Qwen/Qwen3.5-27B", "--mamba-ssm-cache-dtype", "fp8"], "'fp8'"),
+        (
+            [
+                "--model",
+                "Llama-3.1-8B-Instruct",
+                "--vllm-version",
+                "0.11.0",
+                "--model-runner",
+                "v2",
+            ],
+            "--model-runner = 'v2': vLLM 0.11.0 has one model runner",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_value(
@@ -388,3 +399,17 @@ def test_flashinfer_installed_plans_a_release_before_0_11_1_without_the_sorting_
 
 def test_flashinfer_changes_nothing_from_0_17(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_blocks(capsys, "--flashinfer", "installed") == plan_blocks(capsys)
+
+
+def test_model_runner_v1_on_026_subtracts_the_graph_estimate_v2_skips(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # VLLM_USE_V2_MODEL_RUNNER=0 puts a dense model back on the V1 runner in 0.26, whose
+    # profile run charges the CUDA-graph estimate; V2 (0.26's default for it) charges none.
+    base = ("--model", "Llama-3.1-8B-Instruct", "--vllm-version", "0.26.0", "--output", "json")
+    budgets = {}
+    for runner in ("v1", "v2"):
+        code, out, _ = run_plan(capsys, *base, "--model-runner", runner)
+        assert code == 0
+        budgets[runner] = json.loads(out)["memory"]["cuda_graph_bytes"]
+    assert budgets["v2"] == 0 < budgets["v1"]

@@ -70,23 +70,24 @@ profile run; this module models them:
   − TP1 difference of the non-torch figures vLLM PR 10511 printed for Llama-3-8B on an
   H100 under 0.6.x, whose accounting still held NCCL's buffers; no fixture row measures
   it. Releases before 0.6.4 (their worker charged the drop in free memory since device
-  start-up) are not read and take 0.6.4's figures. 0.8-0.26: 0.063 GiB on
-  one GPU (Llama-3.2-3B under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06; Llama-3.1-8B
-  on an A40 under 0.26: 0.08) and 0.19 GiB per GPU with TP > 1 (printed: Qwen3-235B TP8
-  under 0.10.2, 0.21; Qwen3-30B-A3B TP4 under 0.8.5, 0.20 twice; and what printed
-  weights, KV memory and the modelled peak leave of the ceiling in the TP starts that
-  print no breakdown: Qwen2-7B TP2 under 0.10.1.1, 0.16, 0.17 and 0.17; gpt-oss-120b TP4
-  under 0.10.1.1, 0.19) — the V0 comm-buffer figure does not carry over. From 0.27.0
+  start-up) are not read and take 0.6.4's figures. 0.8-0.26: 0.11 GiB on one GPU (Llama-3.2-3B
+  under 0.8.2: 0.05; Qwen2.5-7B-AWQ under 0.26: 0.06; Llama-3.1-8B on an A40 under 0.26: 0.08;
+  Gemma-4-31B on a B300 under 0.26: 0.25) and 0.19 GiB per GPU with TP > 1 (printed: Qwen3-235B
+  TP8 under 0.10.2, 0.21; Qwen3-30B-A3B TP4 under 0.8.5, 0.20 twice; and what printed weights, KV
+  memory and the modelled peak leave of the ceiling in the TP starts that print no breakdown:
+  Qwen2-7B TP2 under 0.10.1.1, 0.16, 0.17 and 0.17; gpt-oss-120b TP4 under 0.10.1.1, 0.19) — the
+  V0 comm-buffer figure does not carry over. From 0.27.0
   (``memory_profiling`` in vllm/utils/mem_utils.py and ``determine_available_memory``
   in vllm/v1/worker/gpu_worker.py, read in the 0.26.0, 0.27.0 and 0.27.1 wheels: 0.26
   still prints "for weight, ... for non-torch memory") vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
-  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.41
-  GiB on one GPU, the mean of the "consumed memory" less the weights of the six 0.27+
-  starts that print both, two families (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0
+  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.47
+  GiB on one GPU, the mean of the "consumed memory" less the weights of the seven 0.27+
+  starts that print both, three families (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0
   = 0.26; Qwen3-14B and -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192
   batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 15.54 − 15.27 =
-  0.27 and 4.11 − 3.22 = 0.89); 0.65 GiB per GPU with TP > 1, from the three 0.27+ TP
+  0.27 and 4.11 − 3.22 = 0.89; gpt-oss-20b, MXFP4 through Marlin, on an L40 under 0.28:
+  14.48 − 13.7 = 0.78); 0.65 GiB per GPU with TP > 1, from the three 0.27+ TP
   starts, all on one box of RTX PRO 6000 cards without NVLink under 0.27.1:
   Qwen3-235B-A22B-FP8 TP4 prints 56.89 − 55.19 = 1.70, the same deployment with expert
   parallelism leaves 0.89 and Qwen3-32B TP2 −0.65 (its counted peak is too high at TP2:
@@ -100,9 +101,10 @@ profile run; this module models them:
   is the ceiling less weights, peak and non-torch memory to the hundredth (Llama-3.1-8B on
   an A40 under 0.26: 39.99 − 15.0 − 1.01 − 0.08 = 23.90); from 0.29 V2 captures graphs to
   measure them (vllm/v1/worker/gpu/cudagraph_utils.py). vLLM measures it by capturing
-  graphs, so it is not computable from a config: 0.62 GiB, the median of the printed
-  estimates of tests/fixtures/sizing/cudagraph_estimates.csv that came off the budget
-  (0.08-1.56 GiB; no start-up row's), not refit. The V1 runner's
+  graphs, so it is not computable from a config: 0.575 GiB, the median of the eight
+  printed estimates of tests/fixtures/sizing/cudagraph_estimates.csv that came off the
+  budget (0.08-1.56 GiB; Gemma-4-31B's 0.76 and gpt-oss-20b's 0.30 are start-up rows too),
+  not refit. The V1 runner's
   ``GPUModelRunner.profile_cudagraph_memory`` (vllm/v1/worker/gpu_model_runner.py, 0.18+)
   charges the largest first capture plus, per mode, (graphs - 1) x the second capture, so
   the estimate follows the graphs ``max_num_seqs`` makes it capture
@@ -117,21 +119,22 @@ profile run; this module models them:
   autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
   ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
   peaks in the forward pass, so it rides on ``F``, not on the sampler's peak. No code
-  sizes it: a residual, 1.91 KiB per (decoder layer of the stage × MLP width ÷ TP), the
-  mean of the eleven one-GPU 0.20+ starts that print their weights, three families
-  (Qwen3-14B and -AWQ on an L40S under 0.28: 1.79, 1.82; under 0.29: 1.62, 1.70, and 1.13
-  with 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 1.98,
-  5.85, read like every row from the KV memory: 0.96 GiB, of which its printed peak
-  leaves 0.49 and its non-torch memory over the mean the rest; Llama-3.1-8B under 0.26 on an
-  A40: 1.79, under 0.31 on an A100: 0.98; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.53;
-  Qwen2.5-7B on an RTX 4090 under 0.24: 0.81), refit by ``benchmarks/plan_accuracy.py``.
+  sizes it: a residual, 1.88 KiB per (decoder layer of the stage × MLP width ÷ TP), the
+  mean of the twelve one-GPU 0.20+ starts that print their weights and have no vision
+  tower, four families (Qwen3-14B and -AWQ on an L40S under 0.28: 1.70, 1.73; under 0.29:
+  1.61, 1.68, and 1.11 with 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090
+  under 0.27.1: 1.85, 5.51, read like every row from the KV memory: 0.90 GiB, of which its
+  printed peak leaves 0.49 and its non-torch memory over the mean the rest; gpt-oss-20b on
+  an L40 under 0.28: 3.04; Llama-3.1-8B under 0.26 on an A40: 1.68, under 0.31 on an A100:
+  0.96; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.43; Qwen2.5-7B on an RTX 4090 under
+  0.24: 0.80), refit by ``benchmarks/plan_accuracy.py``.
   Per layer × width rather than a constant: on the fixture's starts it halves the
   out-of-family p90 (docs/plan.md). It over-charges Qwen3-32B, whose refused start on one
-  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (4.80 counted with the
+  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (4.89 counted with the
   0.27+ non-torch figure; the 1.30 GiB constant it replaced gave 2.76), and the same model
   at TP2 (2.31 GiB of peak counted beside 0.65 of non-torch memory, 1.66 printed for both):
-  the transient is not proportional to layers × width at either end (0.41-1.21 GiB over
-  the eleven rows, 1.08-1.21 for the 14B).
+  the transient is not proportional to layers × width at either end (0.41-1.15 GiB over
+  the twelve rows, 1.07-1.15 for the 14B at 2,048 batched tokens).
   It depends on the compile cache's state, not only on the config:
   vLLM issues 54122 and 54383 (PRs 54209, 54479, open) report warm restarts getting back
   0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold
@@ -171,10 +174,10 @@ class OverheadModel:
     sampler_v2_copy_bytes: float = 4.0  # ... but 0.22-0.25 copy them to fp32 first
     sampler_dtype_bytes: float = 1.0  # ... plus the model-dtype logits, per dtype byte
     # The CUDA-graph estimate vLLM subtracts: the median of the printed ones (see above).
-    cuda_graph: int = int(0.62 * GIB)
+    cuda_graph: int = int(0.575 * GIB)
     # The profile run's first torch.compile on a cold cache, on top of the forward pass, per
     # (decoder layer of the stage × MLP width ÷ TP): a residual with its rows (see above).
-    compile_bytes: float = 1.91 * 1024
+    compile_bytes: float = 1.93 * 1024
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -188,8 +191,8 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.41 * GIB)),  # total_consumed less the weights (see above)
-        ((0, 8, 0), int(0.063 * GIB)),
+        ((0, 27, 0), int(0.47 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 8, 0), int(0.11 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first

@@ -101,6 +101,9 @@ class PlanRequest:
     available_kv_bytes: int | None = None
     contexts: tuple[Context, ...] = ()
     async_scheduling: bool = True
+    # VLLM_USE_V2_MODEL_RUNNER=1 / =0 ("v2" / "v1"); None takes the release's choice for
+    # the model (Release.v2_model_runner).
+    model_runner: Literal["v1", "v2"] | None = None
     hybrid_kv_cache_manager: bool = True
     # --[no-]enable-prefix-caching; None takes vLLM's default, which for a hybrid Mamba
     # model is the release's (Release.hybrid_prefix_caching_default) and on otherwise.
@@ -912,7 +915,12 @@ def extensible_kv_cache(req: PlanRequest) -> bool:
 
 
 def _v2_runner(req: PlanRequest) -> bool:
-    """Model Runner V2 serves this deployment (``Release.v2_model_runner``)."""
+    """Model Runner V2 serves this deployment: as ``VLLM_USE_V2_MODEL_RUNNER`` says where it
+    is set (``VllmConfig.use_v2_model_runner`` reads the variable first), else by the
+    release's default (``Release.v2_model_runner``)."""
+    if req.model_runner is not None and req.release.version >= (0, 12, 0):
+        # Before 0.12 the variable does not exist (vllm/envs.py): one runner.
+        return req.model_runner == "v2"
     arch = req.arch
     return req.release.v2_model_runner(
         arch.architectures,

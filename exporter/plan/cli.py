@@ -190,6 +190,12 @@ def add_parser(sub: Any) -> None:
         help="default: on, as in vLLM 0.28+ (always off with --gpu cpu, as vLLM forces it)",
     )
     p.add_argument(
+        "--model-runner",
+        choices=("v1", "v2"),
+        help="VLLM_USE_V2_MODEL_RUNNER=0 (v1) or =1 (v2), vLLM 0.12+; default: the "
+        "release's choice for the model (V2 for every model from 0.29)",
+    )
+    p.add_argument(
         "--enable-extensible-kv-cache",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -595,6 +601,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         enforce_eager=args.enforce_eager,
         quantization=args.quantization,
         flashinfer=args.flashinfer,
+        model_runner=args.model_runner,
         enable_extensible_kv_cache=args.enable_extensible_kv_cache,
         enable_prefix_caching=args.enable_prefix_caching,
         mamba_cache_dtype=args.mamba_cache_dtype,
@@ -613,6 +620,14 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         async_scheduling=args.async_scheduling,
         hybrid_kv_cache_manager=not args.disable_hybrid_kv_cache_manager,
     )
+    if args.model_runner is not None and request.release.version < (0, 12, 0):
+        raise InputError(
+            "--model-runner",
+            "",
+            args.model_runner,
+            f"vLLM {args.vllm_version} has one model runner (VLLM_USE_V2_MODEL_RUNNER "
+            "arrived in 0.12)",
+        )
     # --weights-bytes is the figure a user copies from vLLM's "Model loading took" line:
     # one GPU's loaded bytes (capacity.plan._stage_weights), not a checkpoint to split.
     return dataclasses.replace(request, weights_per_gpu=args.weights_bytes is not None)

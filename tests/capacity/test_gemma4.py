@@ -94,3 +94,29 @@ def test_gemma4_with_no_video_allowed_profiles_the_largest_image() -> None:
     none = MultimodalProfile(limits=(("video", 0), ("image", 0), ("audio", 0)))
     p = plan(replace(l4_request(9.65), available_kv_bytes=None, mm_profile=none))
     assert p.sources["encoder_profile"].startswith("none")
+
+
+BIG = Path(__file__).parent.parent / "fixtures/sizing/configs/google__gemma-4-31B-it/config.json"
+
+
+def test_gemma4_31b_under_026_reserves_two_batches_for_each_sliding_layer() -> None:
+    # johnpfeiffer/source.johnpfeiffer.github.io@5624f9b, content/ai/b300-deepseek-0731.md:
+    # gemma-4-31B-it on one B300 under 0.26.0 (V1 runner, async scheduling, 8,192 batched
+    # tokens) printed 182.37 GiB and "Maximum concurrency for 16,384 tokens per request:
+    # 13.25x". From 0.26 a sliding layer holds W - 1 + 2 x 8,192 tokens, here the whole
+    # 16,384, so its 50 sliding layers cost what full ones do; one batch (async scheduling
+    # off) would give 21.99x.
+    arch = parse_config(json.loads(BIG.read_text()), str(BIG))
+    request = PlanRequest(
+        arch=arch,
+        model_name="google/gemma-4-31B-it",
+        gpu=lookup_gpu("267.69GiB"),
+        release=release("0.26.0"),
+        gpu_memory_utilization=0.92,
+        max_model_len=16384,
+        model_runner="v1",
+        available_kv_bytes=round(182.37 * GIB),
+    )
+    assert round(plan(request).cap.max_concurrency, 2) == 13.25
+    one_batch = plan(replace(request, async_scheduling=False)).cap.max_concurrency
+    assert round(one_batch, 2) == 21.99
