@@ -119,6 +119,27 @@ def test_printed_kv_memory_to_two_decimals_brackets_vllms_blocks(point: StartupP
     assert low.cap.num_blocks <= point.blocks <= high.cap.num_blocks
 
 
+# Single-worker GPU starts that print tokens but no block count (most releases from 0.11).
+ROUNDED_TOKENS = [
+    p
+    for p in POINTS
+    if not p.exact and not p.blocks and p.tokens and p.tp == p.pp == 1 and not p.kv_memory_set
+]
+
+
+@pytest.mark.parametrize("point", ROUNDED_TOKENS, ids=lambda p: f"row{p.row}")
+def test_printed_kv_memory_to_two_decimals_brackets_vllms_token_count(point: StartupPoint) -> None:
+    # The same bracket on the "GPU KV cache size: N tokens" line: it follows the blocks,
+    # the groups and each group's reservation per request (a sliding window's in-flight
+    # batches among them: Gemma-4-31B under 0.26 prints 217,116, not the 360,000 of one).
+    assert point.tokens is not None
+    low, high = (
+        plan(replace(point.request, available_kv_bytes=round(point.printed_kv_bytes + d * GIB)))
+        for d in (-0.005, 0.005)
+    )
+    assert low.cap.capacity_tokens <= point.tokens <= high.cap.capacity_tokens
+
+
 def test_pipeline_parallel_blocks_come_from_the_tightest_stage() -> None:
     result = plan(llama(pipeline_parallel_size=2))
     assert result.cap.tightest_stage == 1  # the last stage samples and holds the LM head
