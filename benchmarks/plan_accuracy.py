@@ -88,7 +88,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     points = [pt for pt in points if pt.request.release.version >= _PROFILED_SINCE]
 
     def non_torch(rows: list[StartupPoint]) -> int | None:
-        values = [v for pt in rows if (v := _note(pt, r"non-torch(?: increase)?")) is not None]
+        values = [v for pt in rows if (v := _printed_non_torch(pt)) is not None]
         return int(statistics.fmean(values)) if values else None
 
     eras = [since for since, _ in fallback.non_torch_single_by_era]
@@ -149,7 +149,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     for pt in points:
         if pt.tp == 1 or pt.pp > 1:
             continue
-        printed = _note(pt, r"non-torch(?: increase)?")
+        printed = _printed_non_torch(pt)
         if printed is not None:
             measured.setdefault(era_of(pt), []).append(printed)
             continue
@@ -162,6 +162,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
             - pt.printed_kv_bytes
             - stage.activation
             - stage.cuda_graph
+            - stage.sampler_state
         )
         measured.setdefault(era_of(pt), []).append(residual)
     tp_measured = tuple(
@@ -169,6 +170,16 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
         for since, value in peaks.non_torch_tp_by_era
     )
     return replace(peaks, non_torch_tp_by_era=tp_measured)
+
+
+def _printed_non_torch(pt: StartupPoint) -> float | None:
+    """The row's printed non-torch memory less what vLLM's code counts in it (Model Runner
+    V2's sampling state, memory.sampler_state_bytes): the residual an era's figure is the
+    mean of."""
+    printed = _note(pt, r"non-torch(?: increase)?")
+    if printed is None:
+        return None
+    return printed - plan(pt.request).stages[0].sampler_state
 
 
 def _transient(request: PlanRequest, model: OverheadModel, printed_kv: int) -> float | None:

@@ -81,18 +81,21 @@ profile run; this module models them:
   in vllm/v1/worker/gpu_worker.py, read in the 0.26.0, 0.27.0 and 0.27.1 wheels: 0.26
   still prints "for weight, ... for non-torch memory") vLLM charges
   everything the instance took since the snapshot (``total_consumed``, from
-  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too: 0.47
-  GiB on one GPU, the mean of the "consumed memory" less the weights of the seven 0.27+
-  starts that print both, three families (Llama-3.1-8B on an A100 under 0.31: 15.26 − 15.0
-  = 0.26; Qwen3-14B and -AWQ on an L40S under 0.29: 0.27, 0.29, and 0.51 with 8,192
-  batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 15.54 − 15.27 =
-  0.27 and 4.11 − 3.22 = 0.89; gpt-oss-20b, MXFP4 through Marlin, on an L40 under 0.28:
-  14.48 − 13.7 = 0.78); 0.65 GiB per GPU with TP > 1, from the three 0.27+ TP
-  starts, all on one box of RTX PRO 6000 cards without NVLink under 0.27.1:
-  Qwen3-235B-A22B-FP8 TP4 prints 56.89 − 55.19 = 1.70, the same deployment with expert
-  parallelism leaves 0.89 and Qwen3-32B TP2 −0.65 (its counted peak is too high at TP2:
-  below), a residual with no more evidence than that. A PP stage's worker accounts like
-  one GPU's.
+  ``cudaMemGetInfo``), so memory PyTorch keeps reserved past the weights counts too. Model
+  Runner V2's sampling state is part of it and is counted from the code
+  (``sampler_state_bytes``: max_num_seqs × the vocabulary in int32, and more); the
+  residual is 0.31 GiB on one GPU, the mean of the "consumed memory" less the weights and
+  that state of the seven 0.27+ starts that print both, three families (Llama-3.1-8B on an
+  A100 under 0.31: 15.26 − 15.0 − 0.13 = 0.13; Qwen3-14B and -AWQ on an L40S under 0.29:
+  0.11, 0.13, and 0.19 with 512 sequences, whose 0.51 printed holds 0.32 of state; Qwen3-8B
+  and Qwen3-1.7B on an RTX 4090 under 0.27.1: 0.11 and 4.11 − 3.22 − 0.16 = 0.73;
+  gpt-oss-20b, MXFP4 through Marlin, on the V1 runner, which keeps no such state, on an L40
+  under 0.28: 14.48 − 13.7 = 0.78). Without the 1.7B and gpt-oss-20b the five agree to
+  0.11-0.19. 0.43 GiB per GPU with TP > 1, from the three 0.27+ TP starts, all on one box
+  of RTX PRO 6000 cards without NVLink under 0.27.1: Qwen3-235B-A22B-FP8 TP4 (V1) prints
+  56.89 − 55.19 = 1.70, the same deployment with expert parallelism leaves 0.92 and
+  Qwen3-32B TP2 −1.32 (its counted peak is too high at TP2: below), a residual with no more
+  evidence than that. A PP stage's worker accounts like one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
   (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
   Runner V2 before 0.29: its ``profile_cudagraph_memory`` (vllm/v1/worker/gpu/
@@ -119,22 +122,26 @@ profile run; this module models them:
   autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
   ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
   peaks in the forward pass, so it rides on ``F``, not on the sampler's peak. No code
-  sizes it: a residual, 1.88 KiB per (decoder layer of the stage × MLP width ÷ TP), the
+  sizes it: a residual, 1.96 KiB per (decoder layer of the stage × MLP width ÷ TP), the
   mean of the twelve one-GPU 0.20+ starts that print their weights and have no vision
-  tower, four families (Qwen3-14B and -AWQ on an L40S under 0.28: 1.70, 1.73; under 0.29:
-  1.61, 1.68, and 1.11 with 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B on an RTX 4090
-  under 0.27.1: 1.85, 5.51, read like every row from the KV memory: 0.90 GiB, of which its
-  printed peak leaves 0.49 and its non-torch memory over the mean the rest; gpt-oss-20b on
-  an L40 under 0.28: 3.04; Llama-3.1-8B under 0.26 on an A40: 1.68, under 0.31 on an A100:
-  0.96; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.43; Qwen2.5-7B on an RTX 4090 under
-  0.24: 0.80), refit by ``benchmarks/plan_accuracy.py``.
+  tower, four families (Qwen3-14B and -AWQ on an L40S under 0.28: 1.71, 1.74; under 0.29:
+  1.61, 1.68, and 0.88 with 512 sequences and 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B
+  on an RTX 4090 under 0.27.1: 1.86, 5.53, read like every row from the KV memory: 0.91 GiB,
+  of which its printed peak leaves 0.49 and its non-torch memory over the mean the rest;
+  gpt-oss-20b on an L40 under 0.28: 3.65; Llama-3.1-8B under 0.26 on an A40: 1.68, under
+  0.31 on an A100: 1.01; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.43; Qwen2.5-7B on an
+  RTX 4090 under 0.24: 0.80), refit by ``benchmarks/plan_accuracy.py``.
   Per layer × width rather than a constant: on the fixture's starts it halves the
   out-of-family p90 (docs/plan.md). It over-charges Qwen3-32B, whose refused start on one
-  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (4.89 counted with the
+  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (5.41 counted with the
   0.27+ non-torch figure; the 1.30 GiB constant it replaced gave 2.76), and the same model
-  at TP2 (2.31 GiB of peak counted beside 0.65 of non-torch memory, 1.66 printed for both):
+  at TP2 (2.35 GiB of peak counted beside 1.06 of non-torch memory and sampling state,
+  1.66 printed for all of it):
   the transient is not proportional to layers × width at either end (0.41-1.15 GiB over
-  the twelve rows, 1.07-1.15 for the 14B at 2,048 batched tokens).
+  the twelve rows, 1.07-1.15 for the 14B at 2,048 batched tokens). Both Qwen3-32B starts
+  ran with 1,024 sequences, so 0.63 GiB of the sampling state as well: their forward pass,
+  that state and TP2's non-torch memory alone come to about what TP2 printed (1.66 GiB), as
+  if the compile cache had been warm; the post does not say.
   It depends on the compile cache's state, not only on the config:
   vLLM issues 54122 and 54383 (PRs 54209, 54479, open) report warm restarts getting back
   0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold
@@ -177,13 +184,16 @@ class OverheadModel:
     cuda_graph: int = int(0.575 * GIB)
     # The profile run's first torch.compile on a cold cache, on top of the forward pass, per
     # (decoder layer of the stage × MLP width ÷ TP): a residual with its rows (see above).
-    compile_bytes: float = 1.93 * 1024
+    compile_bytes: float = 1.96 * 1024
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
     # the start-up baseline, out of non-torch memory.
     sampler_warmup_bytes: float = 4.0
     cublas_baseline: int = 32 << 20
+    # Model Runner V2's persistent sampling state (``sampler_state_bytes``), counted from
+    # the code; off only where a caller pins an older model (the fuzz tier).
+    v2_sampler_state: bool = True
     # Structural terms, not fitted (no start-up of such a model is in the fixtures): the
     # encoder profile run pushes the largest image through the vision tower, whose MLP
     # peaks like the language model's (encoder_bytes above); soft-capped
@@ -191,13 +201,13 @@ class OverheadModel:
     # at once, freed before sampling starts.
     softcap_copies: int = 3
     non_torch_single_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.47 * GIB)),  # total_consumed less the weights (see above)
+        ((0, 27, 0), int(0.31 * GIB)),  # total_consumed less the weights (see above)
         ((0, 8, 0), int(0.11 * GIB)),
         ((0, 6, 5), int(0.10 * GIB)),  # V0 after vLLM PR 10511: growth over the baseline
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.65 * GIB)),
+        ((0, 27, 0), int(0.43 * GIB)),
         ((0, 8, 0), int(0.19 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
@@ -379,6 +389,41 @@ def non_torch_bytes(
     return grown
 
 
+# Model Runner V2's per-request sampling state besides the vocabulary-wide tensors: the
+# logit-bias state (1,024 allowed ids, 1,024 bias ids and 1,024 biases, 128 stop ids) and
+# the bad-words state (1,024 tokens, 129 offsets), four bytes each (sample/logit_bias.py,
+# sample/bad_words.py with VLLM_MAX_BAD_WORDS_TOTAL_TOKENS and VLLM_MAX_NUM_BAD_WORDS at
+# their defaults).
+_V2_STATE_FIXED_BYTES = (1024 + 1024 + 1024 + 128 + 1024 + 129) * 4
+
+
+def sampler_state_bytes(
+    release: Release,
+    max_num_seqs: int,
+    vocab_size: int,
+    v2_runner: bool,
+    model: OverheadModel = DEFAULT_OVERHEAD,
+) -> int:
+    """Model Runner V2's sampling state, kept for the server's life on the last PP rank,
+    per GPU: what 0.27's ``total_consumed`` charges beyond the weights besides non-torch
+    memory.
+
+    ``GPUModelRunner.load_model`` (vllm/v1/worker/gpu/model_runner.py) builds the sampler
+    after it has measured "Model loading took", so none of it is in the weights:
+    ``PenaltiesState`` (sample/penalties.py) holds ``output_bin_counts``, max_num_reqs ×
+    vocab int32 ("can be very large, taking up GBs of GPU memory"), and
+    ``prompt_bin_mask``, max_num_reqs × ⌈vocab ÷ 32⌉ int32; ``StructuredOutputsWorker``
+    (structured_outputs.py) a ``grammar_bitmask`` of the same shape (one decode token a
+    request without speculative decoding); and the fixed per-request states above. Read in
+    the 0.27.1, 0.28, 0.29, 0.31 and 0.33 wheels. Before 0.27 the accounting does not see
+    it (neither weights, nor a peak increase, nor non-torch memory); the V1 runner builds
+    its vocabulary-wide mask only when a request asks for allowed token ids."""
+    if not (model.v2_sampler_state and v2_runner and release.charges_total_consumed):
+        return 0
+    words = (vocab_size + 31) // 32
+    return max_num_seqs * (vocab_size * 4 + 2 * words * 4 + _V2_STATE_FIXED_BYTES)
+
+
 def _by_era(table: tuple[tuple[tuple[int, int, int], int], ...], release: Release) -> int:
     return next(b for since, b in table if release.version >= since)
 
@@ -417,6 +462,10 @@ class StageMemory:
     # 0.34's extensible KV cache: what the device leaves after the CUDA context and the
     # margin, a cap on the ceiling (plan.extensible_kv_cache); None before.
     device_cap: int | None = None
+    # The part of ``non_torch`` that is Model Runner V2's sampling state
+    # (``sampler_state_bytes``), counted rather than refit: what vLLM prints as non-torch
+    # memory holds it too.
+    sampler_state: int = 0
 
     @property
     def overhead(self) -> int:

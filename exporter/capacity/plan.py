@@ -54,6 +54,7 @@ from exporter.capacity.memory import (
     non_torch_bytes,
     requested_memory,
     sampler_path,
+    sampler_state_bytes,
 )
 from exporter.capacity.releases import NEWEST_KNOWN, OLDEST_KNOWN, Release, format_version
 from exporter.capacity.weights import (
@@ -766,8 +767,14 @@ def _stage_memory(
         compiled = " with a cold torch.compile" if inputs.compile_elems else ""
         sources["activation"] = f"estimate (profile run{compiled}; sampler: {_SAMPLER_NAMES[path]})"
     non_torch = non_torch_bytes(rel, tp, pp, req.overhead)
+    # The sampler and its state live on the last PP rank only.
+    state = sampler_state_bytes(rel, max_seqs, arch.vocab_size or 0, inputs.v2_runner, req.overhead)
+    states = tuple(state if s == pp - 1 else 0 for s in range(pp))
     graphs = cuda_graph_bytes(rel, req.enforce_eager, req.overhead, inputs.v2_runner)
     sources["non_torch"] = "estimate (by release and parallelism)"
+    if state:
+        where = " (last stage)" if pp > 1 else ""
+        sources["non_torch"] += f", {state / GIB:.2f} GiB of it V2's sampling state{where}"
     if graphs:
         sources["cuda_graph"] = "estimate (subtracted from 0.20)"
     elif req.enforce_eager:
@@ -779,7 +786,10 @@ def _stage_memory(
 
     if not extensible_kv_cache(req):
         return tuple(
-            StageMemory(requested, weights[s], peaks[s], non_torch, graphs) for s in range(pp)
+            StageMemory(
+                requested, weights[s], peaks[s], non_torch + states[s], graphs, None, states[s]
+            )
+            for s in range(pp)
         )
     # Sized after warmup: the device's memory, less the CUDA context the start-up snapshot
     # left out and a margin of max(floor, 0.75 × the transient peak), caps the ceiling.
@@ -789,11 +799,12 @@ def _stage_memory(
             requested,
             weights[s],
             peaks[s],
-            non_torch,
+            non_torch + states[s],
             graphs,
             device_cap=req.gpu.total_bytes
             - CUDA_CONTEXT_BYTES
             - max(floor, int(peaks[s] * MARGIN_FRACTION)),
+            sampler_state=states[s],
         )
         for s in range(pp)
     )

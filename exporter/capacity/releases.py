@@ -354,6 +354,15 @@ class Release:
         return self.version >= (0, 34, 0)
 
     @property
+    def charges_total_consumed(self) -> bool:
+        """The budget charges everything the instance took since its start-up snapshot
+        (0.27+): ``memory_profiling``'s ``total_consumed``, from ``cudaMemGetInfo``
+        (vllm/utils/mem_utils.py, first in the 0.27.0 wheel; 0.26 charged the weights, the
+        torch peak's increase and the non-torch increase). Memory torch holds past the
+        weights' measurement and before the profile run now counts."""
+        return self.version >= (0, 27, 0)
+
+    @property
     def v2_profiles_encoder(self) -> bool:
         """Model Runner V2's profile run encodes dummy multimodal items (0.27+).
 

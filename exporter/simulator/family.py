@@ -57,6 +57,9 @@ HOUR = 3600.0
 # re-place, only when the tier should follow a change in how vLLM accounts its memory.
 TIER_OVERHEAD = replace(
     DEFAULT_OVERHEAD,
+    # Counted from vLLM's code in stop 52 (memory.sampler_state_bytes), after the tier was
+    # placed: left out, so that the tier's engines stay where they were placed.
+    v2_sampler_state=False,
     cuda_graph=int(0.62 * GIB),
     compile_bytes=1.91 * 1024,
     non_torch_single_by_era=(

@@ -287,3 +287,24 @@ def test_what_ifs_keep_the_offset_of_a_printed_budget() -> None:
     fp8 = next(w for w in what_ifs(given) if w.label.startswith("FP8"))
     assert fp8.plan is not None
     assert fp8.plan.kv_budget_bytes == 50 * GIB
+
+
+def test_model_runner_v2s_sampling_state_is_charged_from_027_on_its_last_stage() -> None:
+    # GPUModelRunner.load_model builds the sampler after "Model loading took" is measured:
+    # PenaltiesState's output_bin_counts (requests × vocabulary, int32), its prompt_bin_mask
+    # and the grammar bitmask (requests × ⌈vocabulary ÷ 32⌉, int32), and the logit-bias and
+    # bad-words states (4,353 int32 a request). 0.27's total_consumed is the first to see it.
+    per_request = 128_256 * 4 + 2 * 4_008 * 4 + 4_353 * 4
+    v2 = plan(llama(release=release("0.27.1"), max_num_seqs=256, model_runner="v2"))
+    assert v2.stages[0].sampler_state == 256 * per_request
+    assert v2.stages[0].non_torch > v2.stages[0].sampler_state  # part of non-torch memory
+    before = plan(llama(release=release("0.26.0"), max_num_seqs=256, model_runner="v2"))
+    assert before.stages[0].sampler_state == 0
+    v1 = plan(llama(release=release("0.27.1"), max_num_seqs=256, model_runner="v1"))
+    assert v1.stages[0].sampler_state == 0
+    staged = plan(
+        llama(
+            release=release("0.27.1"), max_num_seqs=256, pipeline_parallel_size=2, model_runner="v2"
+        )
+    )
+    assert [s.sampler_state for s in staged.stages] == [0, 256 * per_request]
