@@ -237,7 +237,7 @@ _CORE_SPECS: tuple[Spec[Any], ...] = (
         "model_runner",
         parse_enum("v1", "v2"),
         "VLLM_USE_V2_MODEL_RUNNER=0 (v1) or =1 (v2) in vLLM's environment, vLLM 0.12+: the "
-        "runner moves the profile run's graph estimate and sampler peak (default: the "
+        "runner moves the graph estimate, the sampler's peak and its kept state (default: the "
         "release's choice for the model)",
     ),
 )

@@ -136,9 +136,9 @@ profile run; this module models them:
   RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (5.41 counted with the
   0.27+ non-torch figure; the 1.30 GiB constant it replaced gave 2.76), and the same model
   at TP2 (2.35 GiB of peak counted beside 1.06 of non-torch memory and sampling state,
-  1.66 printed for all of it):
-  the transient is not proportional to layers × width at either end (0.41-1.15 GiB over
-  the twelve rows, 1.07-1.15 for the 14B at 2,048 batched tokens). Both Qwen3-32B starts
+  1.66 printed for all of it): the transient is not proportional to layers × width at
+  either end (0.41-1.15 GiB over the twelve rows, 1.07-1.15 for the 14B at 2,048 batched
+  tokens). Both Qwen3-32B starts
   ran with 1,024 sequences, so 0.63 GiB of the sampling state as well: their forward pass,
   that state and TP2's non-torch memory alone come to about what TP2 printed (1.66 GiB), as
   if the compile cache had been warm; the post does not say.
@@ -405,8 +405,8 @@ def sampler_state_bytes(
     model: OverheadModel = DEFAULT_OVERHEAD,
 ) -> int:
     """Model Runner V2's sampling state, kept for the server's life on the last PP rank,
-    per GPU: what 0.27's ``total_consumed`` charges beyond the weights besides non-torch
-    memory.
+    per GPU: part of what 0.27's ``total_consumed`` charges beyond the weights, which
+    vLLM's log counts as non-torch memory.
 
     ``GPUModelRunner.load_model`` (vllm/v1/worker/gpu/model_runner.py) builds the sampler
     after it has measured "Model loading took", so none of it is in the weights:

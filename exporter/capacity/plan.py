@@ -787,7 +787,12 @@ def _stage_memory(
     if not extensible_kv_cache(req):
         return tuple(
             StageMemory(
-                requested, weights[s], peaks[s], non_torch + states[s], graphs, None, states[s]
+                requested,
+                weights[s],
+                peaks[s],
+                non_torch + states[s],
+                graphs,
+                sampler_state=states[s],
             )
             for s in range(pp)
         )
