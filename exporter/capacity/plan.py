@@ -784,20 +784,10 @@ def _stage_memory(
     else:
         sources["cuda_graph"] = f"0: not subtracted in {rel.label}"
 
-    if not extensible_kv_cache(req):
-        return tuple(
-            StageMemory(
-                requested,
-                weights[s],
-                peaks[s],
-                non_torch + states[s],
-                graphs,
-                sampler_state=states[s],
-            )
-            for s in range(pp)
-        )
-    # Sized after warmup: the device's memory, less the CUDA context the start-up snapshot
-    # left out and a margin of max(floor, 0.75 × the transient peak), caps the ceiling.
+    # Sized after warmup (0.34's extensible cache): the device's memory, less the CUDA
+    # context the start-up snapshot left out and a margin of max(floor, 0.75 × the
+    # transient peak), caps the ceiling; None where the cache is sized at start-up.
+    extensible = extensible_kv_cache(req)
     floor = ROCM_MARGIN_FLOOR if req.gpu.family == "cdna3" else MARGIN_FLOOR
     return tuple(
         StageMemory(
@@ -808,7 +798,9 @@ def _stage_memory(
             graphs,
             device_cap=req.gpu.total_bytes
             - CUDA_CONTEXT_BYTES
-            - max(floor, int(peaks[s] * MARGIN_FRACTION)),
+            - max(floor, int(peaks[s] * MARGIN_FRACTION))
+            if extensible
+            else None,
             sampler_state=states[s],
         )
         for s in range(pp)

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.arch import parse_config
 from exporter.capacity.gpus import CPU, lookup_gpu, neighbours
-from exporter.capacity.plan import Context, PlanRequest, plan, what_ifs
+from exporter.capacity.plan import Context, Plan, PlanRequest, plan, what_ifs
 from exporter.capacity.releases import release
 from exporter.errors import InputError
 from tests.conftest import FIXTURES, fixture_config
@@ -107,15 +107,22 @@ def test_model_runner_v2_keeps_one_batch_more_than_its_pipeline_stages_in_flight
 ROUNDED = [p for p in POINTS if not p.exact and p.blocks and p.tp == p.pp == 1]
 
 
+def printed_bracket(point: StartupPoint) -> tuple[Plan, Plan]:
+    """Plans from the smallest and the largest KV memory that prints as the row's two-decimal
+    GiB: vLLM's own figures lie between theirs."""
+    low, high = (
+        plan(replace(point.request, available_kv_bytes=round(point.printed_kv_bytes + d * GIB)))
+        for d in (-0.005, 0.005)
+    )
+    return low, high
+
+
 @pytest.mark.parametrize("point", ROUNDED, ids=lambda p: f"row{p.row}")
 def test_printed_kv_memory_to_two_decimals_brackets_vllms_blocks(point: StartupPoint) -> None:
     # vLLM prints GiB to two decimals; the blocks it counted lie between the counts for
     # the smallest and largest figure that prints the same.
     assert point.blocks is not None
-    low, high = (
-        plan(replace(point.request, available_kv_bytes=round(point.printed_kv_bytes + d * GIB)))
-        for d in (-0.005, 0.005)
-    )
+    low, high = printed_bracket(point)
     assert low.cap.num_blocks <= point.blocks <= high.cap.num_blocks
 
 
@@ -133,10 +140,7 @@ def test_printed_kv_memory_to_two_decimals_brackets_vllms_token_count(point: Sta
     # the groups and each group's reservation per request (a sliding window's in-flight
     # batches among them: Gemma-4-31B under 0.26 prints 217,116, not the 360,000 of one).
     assert point.tokens is not None
-    low, high = (
-        plan(replace(point.request, available_kv_bytes=round(point.printed_kv_bytes + d * GIB)))
-        for d in (-0.005, 0.005)
-    )
+    low, high = printed_bracket(point)
     assert low.cap.capacity_tokens <= point.tokens <= high.cap.capacity_tokens
 
 
