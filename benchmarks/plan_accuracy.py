@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sizing_points import StartupPoint, load_points
 from exporter.capacity.gpus import GIB
 from exporter.capacity.memory import OverheadModel
-from exporter.capacity.plan import Plan, PlanRequest, compile_elems, plan
+from exporter.capacity.plan import Plan, PlanRequest, plan
 
 
 def _note(point: StartupPoint, pattern: str) -> float | None:
@@ -79,7 +79,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     are: non-torch memory per release era of ``OverheadModel.non_torch_*_by_era``, from the
     rows that print it (one GPU from TP1 rows, TP > 1 from TP rows, and TP rows that print
     weights and KV memory but no breakdown), and the 0.20+ cold torch.compile transient,
-    per layer × MLP width, from the one-GPU 0.20+ rows that print their weights. The CUDA-graph
+    one figure per worker, from the one-GPU 0.20+ rows that print their weights. The CUDA-graph
     estimate is not refit here: it is the median of the printed estimates (memory.py).
     Starts before 0.6.4 refit
     nothing: their V0 worker charged the memory free after the profile run, with no
@@ -121,12 +121,13 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
     # The cold torch.compile peak of the profile run (memory.py) is no count a config gives:
     # each one-GPU 0.20+ start that prints its weights measures it as the transient that makes
     # the modelled KV memory equal the printed one (the forward pass plus it against the
-    # sampler's peak, beside the graph estimate the release subtracts). Per layer × MLP
-    # width, the mean of those rows; a start whose sampler peak hides any transient
+    # sampler's peak, beside the graph estimate the release subtracts). One figure per
+    # worker, the mean of those rows; a start whose sampler peak hides any transient
     # measures nothing, and neither does a start with a vision tower, as for the TP rows
     # below: its encoder profile (unvalidated, see memory.py) would be counted as the
     # transient (Qwen3.5-0.8B's two 0.28 starts, whose 2.46 GiB of consumed memory beyond
-    # the weights no term explains, would move it from 1.55 to 6.93 KiB).
+    # the weights no term explains, would have moved stop 49's per-layer × width figure from
+    # 1.55 to 6.93 KiB).
     transients: list[float] = []
     for pt in points:
         if pt.tp > 1 or pt.pp > 1 or pt.printed_weights_bytes is None:
@@ -138,7 +139,7 @@ def fit(points: list[StartupPoint], fallback: OverheadModel) -> OverheadModel:
             continue
         measured_t = _transient(request, base, pt.printed_kv_bytes)
         if measured_t is not None:
-            transients.append(measured_t / compile_elems(request))
+            transients.append(measured_t)
     peaks = replace(base, compile_bytes=mean(transients, fallback.compile_bytes))
     # A TP row that prints its weights and KV memory but no breakdown measures its non-torch
     # memory as what those, the refitted activation peak and the graph estimate leave of
@@ -187,10 +188,8 @@ def _transient(request: PlanRequest, model: OverheadModel, printed_kv: int) -> f
     bisection (the KV memory falls as the transient grows, once it shows past the sampler);
     None where no transient in [0, 8 GiB] gives it."""
 
-    elems = max(1, compile_elems(request))
-
     def available(t: float) -> int:
-        over = replace(model, compile_bytes=t / elems)
+        over = replace(model, compile_bytes=t)
         return plan(replace(request, overhead=over)).stages[0].available
 
     lo, hi = 0.0, 8.0 * GIB
@@ -443,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{refit.sampler_kernel_bytes:.2f} ({ship.sampler_kernel_bytes}) 0.17 kernel, "
         f"{refit.sampler_sort_bytes:.2f} ({ship.sampler_sort_bytes}) sorting, "
         f"+ {refit.sampler_dtype_bytes:.2f}/dtype byte; "
-        f"compile transient {refit.compile_bytes / 1024:.2f} KiB ({ship.compile_bytes / 1024:.2f}) "
-        "per layer x MLP width; "
+        f"compile transient {refit.compile_bytes / GIB:.2f} GiB ({ship.compile_bytes / GIB:.2f}) "
+        "per worker; "
         "forward and encoder counted from the code"
     )
     for (since, single), (_, tp) in zip(

@@ -91,10 +91,10 @@ profile run; this module models them:
   and Qwen3-1.7B on an RTX 4090 under 0.27.1: 0.11 and 4.11 − 3.22 − 0.16 = 0.73;
   gpt-oss-20b, MXFP4 through Marlin, on the V1 runner, which keeps no such state, on an L40
   under 0.28: 14.48 − 13.7 = 0.78). Without the 1.7B and gpt-oss-20b the five agree to
-  0.11-0.19. 0.43 GiB per GPU with TP > 1, from the three 0.27+ TP starts, all on one box
+  0.11-0.19. 0.57 GiB per GPU with TP > 1, from the three 0.27+ TP starts, all on one box
   of RTX PRO 6000 cards without NVLink under 0.27.1: Qwen3-235B-A22B-FP8 TP4 (V1) prints
-  56.89 − 55.19 = 1.70, the same deployment with expert parallelism leaves 0.92 and
-  Qwen3-32B TP2 −1.32 (its counted peak is too high at TP2: below), a residual with no more
+  56.89 − 55.19 = 1.70, the same deployment with expert parallelism leaves 0.63 and
+  Qwen3-32B TP2 −0.62 (its counted peak is too high at TP2: below), a residual with no more
   evidence than that. A PP stage's worker accounts like one GPU's.
 * **CUDA-graph estimate** — subtracted from 0.20 unless ``--enforce-eager``
   (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` defaults to 1 from 0.20), and not on Model
@@ -122,26 +122,20 @@ profile run; this module models them:
   autotuning (vllm/config/compilation.py, 0.29, turns on ``combo_kernels`` and
   ``benchmark_combo_kernel``) and the AOT artifact's save are charged as activation. It
   peaks in the forward pass, so it rides on ``F``, not on the sampler's peak. No code
-  sizes it: a residual, 1.96 KiB per (decoder layer of the stage × MLP width ÷ TP), the
-  mean of the twelve one-GPU 0.20+ starts that print their weights and have no vision
-  tower, four families (Qwen3-14B and -AWQ on an L40S under 0.28: 1.71, 1.74; under 0.29:
-  1.61, 1.68, and 0.88 with 512 sequences and 8,192 batched tokens; Qwen3-8B and Qwen3-1.7B
-  on an RTX 4090 under 0.27.1: 1.86, 5.53, read like every row from the KV memory: 0.91 GiB,
-  of which its printed peak leaves 0.49 and its non-torch memory over the mean the rest;
-  gpt-oss-20b on an L40 under 0.28: 3.65; Llama-3.1-8B under 0.26 on an A40: 1.68, under
-  0.31 on an A100: 1.01; Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 1.43; Qwen2.5-7B on an
-  RTX 4090 under 0.24: 0.80), refit by ``benchmarks/plan_accuracy.py``.
-  Per layer × width rather than a constant: on the fixture's starts it halves the
-  out-of-family p90 (docs/plan.md). It over-charges Qwen3-32B, whose refused start on one
-  RTX PRO 6000 under 0.27.1 charged 3.86 GiB beyond the weights (5.41 counted with the
-  0.27+ non-torch figure; the 1.30 GiB constant it replaced gave 2.76), and the same model
-  at TP2 (2.35 GiB of peak counted beside 1.06 of non-torch memory and sampling state,
-  1.66 printed for all of it): the transient is not proportional to layers × width at
-  either end (0.41-1.15 GiB over the twelve rows, 1.07-1.15 for the 14B at 2,048 batched
-  tokens). Both Qwen3-32B starts
-  ran with 1,024 sequences, so 0.63 GiB of the sampling state as well: their forward pass,
-  that state and TP2's non-torch memory alone come to about what TP2 printed (1.66 GiB), as
-  if the compile cache had been warm; the post does not say.
+  sizes it: a residual, 0.83 GiB per worker (every TP rank and PP stage compiles and tunes
+  its own kernels), the mean of the twelve one-GPU 0.20+ starts that print their weights and
+  have no vision tower, four families (GiB: Qwen3-14B and -AWQ on an L40S under 0.28: 1.13,
+  1.15; under 0.29: 1.07, 1.12, and 0.58 with 512 sequences and 8,192 batched tokens;
+  Qwen3-8B and Qwen3-1.7B on an RTX 4090 under 0.27.1: 0.78, 0.91; gpt-oss-20b on an L40
+  under 0.28: 0.96; Llama-3.1-8B under 0.26 on an A40: 0.73, under 0.31 on an A100: 0.44;
+  Qwen2.5-7B-AWQ on an RTX 4080 under 0.26: 0.73; Qwen2.5-7B on an RTX 4090 under 0.24:
+  0.41), each read from the KV memory, refit by ``benchmarks/plan_accuracy.py``.
+  One figure rather than one per layer × MLP width ÷ TP (the form until stop 53): the
+  transient does not grow with the model. Qwen3-1.7B's (0.91 GiB) is about Qwen3-14B's
+  (1.1) at a quarter of its layers × width; Qwen3-32B, at 2.4 times the 14B's, leaves none
+  at TP2 and PP2 and 1.5 GiB in its refused one-GPU start on an RTX PRO 6000 under 0.27.1
+  (3.86 GiB charged beyond the weights: 3.18 counted with this figure, 5.42 with the
+  per-layer one, which charges it 3.1 GiB).
   It depends on the compile cache's state, not only on the config:
   vLLM issues 54122 and 54383 (PRs 54209, 54479, open) report warm restarts getting back
   0.47 GiB per GPU (Qwen3-32B-AWQ TP2, 0.28) and more, so the residual describes cold
@@ -183,8 +177,12 @@ class OverheadModel:
     # The CUDA-graph estimate vLLM subtracts: the median of the printed ones (see above).
     cuda_graph: int = int(0.575 * GIB)
     # The profile run's first torch.compile on a cold cache, on top of the forward pass, per
-    # (decoder layer of the stage × MLP width ÷ TP): a residual with its rows (see above).
-    compile_bytes: float = 1.96 * 1024
+    # worker: a residual with its rows (see above).
+    compile_bytes: float = 0.83 * GIB
+    # The form shipped until stop 53, per (decoder layer of the stage × MLP width ÷ TP):
+    # 0 here, kept only so that the fuzz tier's pinned engines stay where they were placed
+    # (simulator/family.py, TIER_OVERHEAD).
+    compile_layer_width_bytes: float = 0.0
     # 0.33, modelled in direction only (no 0.33 GPU start-up measured): the second,
     # full-feature sampler pass keeps one more fp32 logits copy (4 B per request × vocab
     # entry), and the cuBLAS/cuBLASLt handles (their 32 MiB Hopper workspace) move into
@@ -207,7 +205,7 @@ class OverheadModel:
         ((0, 0, 0), int(0.35 * GIB)),  # V0 before it: all device memory outside torch
     )  # on one GPU and per PP stage, (first release, bytes), newest first
     non_torch_tp_by_era: tuple[tuple[tuple[int, int, int], int], ...] = (
-        ((0, 27, 0), int(0.43 * GIB)),
+        ((0, 27, 0), int(0.57 * GIB)),
         ((0, 8, 0), int(0.19 * GIB)),
         ((0, 6, 5), int(0.10 * GIB) + int(1.79 * GIB)),  # + vLLM PR 10511's comm buffers
         ((0, 0, 0), int(0.35 * GIB) + int(1.79 * GIB)),
@@ -241,8 +239,10 @@ class ActivationInputs:
     v0_engine: bool = False  # V0's sampler sorts (Release.v0_engine_on)
     flashinfer_installed: bool | None = None  # None: pip install vllm's default
     v2_runner: bool = False  # Model Runner V2 serves it (Release.v2_model_runner)
-    # torch.compile runs in the profile run and is charged (not eager, 0.20+): the stage's
-    # decoder layers × MLP width ÷ TP (plan.compile_elems), 0 when it does not
+    # torch.compile runs in the profile run and is charged (not eager, 0.20+)
+    compiled: bool = False
+    # The stage's decoder layers × MLP width ÷ TP (plan.compile_elems), which only the
+    # retired per-layer × width form (``compile_layer_width_bytes``) is charged by
     compile_elems: int = 0
 
 
@@ -253,7 +253,7 @@ def activation_peaks(
     a = inputs
     # A cold torch.compile peaks inside the profile run's first forward, and is freed
     # before the sampler runs: on the forward's side of the max, not on top of both.
-    forward = forward_bytes(a, model) + model.compile_bytes * a.compile_elems
+    forward = forward_bytes(a, model) + compile_transient_bytes(a, model)
     requests = min(a.max_num_seqs, a.max_num_batched_tokens)
     path = sampler_path(release, a.v0_engine, a.flashinfer_installed, a.v2_runner, requests)
     per_entry = sampler_bytes(path, release, model) + model.sampler_dtype_bytes * a.dtype_bytes
@@ -273,9 +273,17 @@ def activation_peaks(
         return (int(max(encoder, held + max(forward, sampler))),)
     received = 2 * a.max_num_batched_tokens * a.hidden_size * a.dtype_bytes
     last = sampler + received
-    if a.compile_elems:  # every stage compiles its own layers
+    if a.compiled:  # every stage compiles its own layers
         last = max(last, forward)
     return tuple([int(first)] + [int(forward)] * (a.pp - 2) + [int(last)])
+
+
+def compile_transient_bytes(a: ActivationInputs, model: OverheadModel = DEFAULT_OVERHEAD) -> float:
+    """The cold torch.compile's transient on top of the forward pass (see the module
+    docstring): a residual per worker, 0 where nothing is compiled."""
+    if not a.compiled:
+        return 0.0
+    return model.compile_bytes + model.compile_layer_width_bytes * a.compile_elems
 
 
 def forward_bytes(a: ActivationInputs, model: OverheadModel = DEFAULT_OVERHEAD) -> float:

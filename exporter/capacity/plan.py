@@ -685,19 +685,24 @@ _SAMPLER_NAMES = {
 
 
 def mlp_width(arch: ModelArch) -> int:
-    """The MLP width the forward pass and the compile transient scale with: the dense
-    width, or experts per token × expert width where that is larger."""
+    """The MLP width the forward pass scales with: the dense width, or experts per token ×
+    expert width where that is larger."""
     width = arch.intermediate_size or 0
     if arch.moe is not None:
         width = max(width, arch.moe.expert_intermediate_size * arch.moe.experts_per_token)
     return width
 
 
+def compiles(req: PlanRequest) -> bool:
+    """Whether the profile run's cold torch.compile is charged: not eager, 0.20 on."""
+    return not req.enforce_eager and req.release.charges_compile_transient
+
+
 def compile_elems(req: PlanRequest) -> int:
-    """A stage's decoder layers × MLP width ÷ TP, what the profile run's cold torch.compile
-    is charged by (``memory.OverheadModel.compile_bytes``); 0 where none is charged (eager,
-    or before 0.20)."""
-    if req.enforce_eager or not req.release.charges_compile_transient:
+    """A stage's decoder layers × MLP width ÷ TP, what the retired per-layer × width form of
+    the compile transient was charged by (``memory.OverheadModel.compile_layer_width_bytes``,
+    the fuzz tier's pin); 0 where none is charged (eager, or before 0.20)."""
+    if not compiles(req):
         return 0
     layers = math.ceil(req.arch.num_layers / req.pipeline_parallel_size)
     return layers * mlp_width(req.arch) // req.tensor_parallel_size
@@ -749,6 +754,7 @@ def _stage_memory(
         v0_engine=v0,
         flashinfer_installed=req.flashinfer_installed,
         v2_runner=v2,
+        compiled=compiles(req),
         compile_elems=compile_elems(req),
     )
     peaks = activation_peaks(inputs, rel, req.overhead)
@@ -764,7 +770,7 @@ def _stage_memory(
             inputs.v2_runner,
             min(max_seqs, mnbt),
         )
-        compiled = " with a cold torch.compile" if inputs.compile_elems else ""
+        compiled = " with a cold torch.compile" if inputs.compiled else ""
         sources["activation"] = f"estimate (profile run{compiled}; sampler: {_SAMPLER_NAMES[path]})"
     non_torch = non_torch_bytes(rel, tp, pp, req.overhead)
     # The sampler and its state live on the last PP rank only.

@@ -61,7 +61,10 @@ TIER_OVERHEAD = replace(
     # placed: left out, so that the tier's engines stay where they were placed.
     v2_sampler_state=False,
     cuda_graph=int(0.62 * GIB),
-    compile_bytes=1.91 * 1024,
+    # The per-layer × width form of the compile transient, as placed (stop 53 made it a
+    # constant per worker).
+    compile_bytes=0.0,
+    compile_layer_width_bytes=1.91 * 1024,
     non_torch_single_by_era=(
         ((0, 27, 0), int(0.41 * GIB)),
         ((0, 8, 0), int(0.063 * GIB)),

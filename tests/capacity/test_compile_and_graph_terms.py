@@ -10,6 +10,7 @@ from exporter.capacity.gpus import lookup_gpu
 from exporter.capacity.memory import OverheadModel
 from exporter.capacity.plan import PlanRequest, plan
 from exporter.capacity.releases import release
+from exporter.simulator.family import TIER_OVERHEAD
 from tests.conftest import fixture_config
 
 
@@ -44,18 +45,26 @@ def test_a_moe_model_on_the_v1_runner_still_subtracts_it_in_028() -> None:
     assert moe.cuda_graph == OverheadModel().cuda_graph
 
 
-def test_the_cold_compile_rides_on_the_forward_pass_and_scales_with_layers_and_width() -> None:
-    eager = plan(_request("Qwen__Qwen3-14B", "0.29.0", enforce_eager=True)).stages[0]
-    compiled = plan(_request("Qwen__Qwen3-14B", "0.29.0")).stages[0]
+def test_the_cold_compile_rides_on_the_forward_pass_as_one_figure_per_worker() -> None:
+    transient = OverheadModel().compile_bytes
+    for tp in (1, 2):
+        eager = plan(
+            _request("Qwen__Qwen3-14B", "0.29.0", tensor_parallel_size=tp, enforce_eager=True)
+        ).stages[0]
+        compiled = plan(_request("Qwen__Qwen3-14B", "0.29.0", tensor_parallel_size=tp)).stages[0]
+        # Every TP rank compiles and tunes its own kernels: TP does not share it out.
+        assert abs(compiled.activation - eager.activation - transient) <= 1
+
+
+def test_the_fuzz_tiers_pin_keeps_the_per_layer_and_width_form() -> None:
+    # The tier's engines were placed under the retired form (simulator/family.py).
     arch = parse_config(fixture_config("Qwen__Qwen3-14B"), "m")
-    transient = OverheadModel().compile_bytes * arch.num_layers * (arch.intermediate_size or 0)
-    assert abs(compiled.activation - eager.activation - transient) <= 1
-    # TP shards the MLP width, and with it the transient.
-    tp2 = plan(_request("Qwen__Qwen3-14B", "0.29.0", tensor_parallel_size=2)).stages[0]
-    tp2_eager = plan(
-        _request("Qwen__Qwen3-14B", "0.29.0", tensor_parallel_size=2, enforce_eager=True)
-    ).stages[0]
-    assert abs(tp2.activation - tp2_eager.activation - transient / 2) <= 1
+    eager = plan(_request("Qwen__Qwen3-14B", "0.29.0", enforce_eager=True, overhead=TIER_OVERHEAD))
+    pinned = plan(_request("Qwen__Qwen3-14B", "0.29.0", overhead=TIER_OVERHEAD))
+    transient = (
+        TIER_OVERHEAD.compile_layer_width_bytes * arch.num_layers * (arch.intermediate_size or 0)
+    )
+    assert abs(pinned.stages[0].activation - eager.stages[0].activation - transient) <= 1
 
 
 def test_no_compile_transient_is_assumed_before_020() -> None:
