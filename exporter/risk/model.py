@@ -46,7 +46,9 @@ fluctuation, and asks how likely the occupancy is to touch the top within the ho
   deployment whose ceiling fits the cache cannot preempt whatever its usage (the server
   that runs full: the score is capped by the chance that ceiling touches the top in any
   of the horizon's ``HORIZON ÷ request duration`` fresh draws, the duration from Little's
-  law);
+  law), or, where higher, by the chance that the residents in hand reach it: what they
+  hold now plus their remaining generation, and the empty slots at the ceiling's draw
+  (a burst of long prompts can hold more than the mix's ceiling allows);
 * **the batch in hand** — the running sequences' expected remaining growth (the mean
   residual of the generation length) against the free tokens, for sudden bursts the
   level has not caught up with yet.
@@ -346,6 +348,31 @@ def _capped_touch(
     return float(1.0 - (1.0 - once) ** draws)
 
 
+def _held_touch(
+    inputs: Inputs, p: Moments | None, g: Moments | None, used: float, running: float
+) -> float | None:
+    """P(the residents in hand, at their final lengths, and the empty slots filled at the
+    ceiling's per-slot draw, reach the top): the ceiling conditioned on now."""
+    if not inputs.max_num_seqs or p is None or g is None or g[0] <= 0:
+        return None
+    assert inputs.prompt is not None
+    m = inputs.max_num_seqs
+    held = min(float(m), max(0.0, running))
+    # A resident's remaining generation: the residual life of the observed lengths.
+    rest = g[1] / (2 * g[0])
+    rest_var = max(0.0, g[2] / (3 * g[0]) - rest**2)
+    prompt_mean = inputs.prompt.sum / inputs.prompt.count
+    grown, second = g[1] / g[0], g[2] / g[0]
+    slot = prompt_mean + grown
+    slot_var = max(0.0, p[1] - p[0] ** 2) + max(0.0, second - grown**2)
+    empty = m - held
+    total = used + held * rest + empty * slot
+    sd = math.sqrt(held * rest_var + empty * slot_var)
+    if sd <= 0:
+        return 1.0 if total >= inputs.capacity_tokens else 0.0
+    return float(1.0 - _NORMAL.cdf((inputs.capacity_tokens - total) / sd))
+
+
 def _token_steps(p: Moments | None, g: Moments | None) -> float | None:
     """Token-steps a request holds over its decode: ``G·P + G²/2`` in expectation (from
     the prompt and generation lengths' moments)."""
@@ -603,6 +630,9 @@ def assess(inputs: Inputs) -> Risk:
 
     capped = _capped_touch(inputs, prompt_m, generation_m, draws)
     if capped is not None:
+        held = _held_touch(inputs, prompt_m, generation_m, used[-1], last.running)
+        if held is not None:
+            capped = max(capped, held)
         # Admission control caps the occupancy: a cap inside the cache makes it safe.
         touch = min(touch, capped)
 

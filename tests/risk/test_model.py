@@ -64,6 +64,18 @@ def test_a_full_cache_that_admission_control_caps_is_not_at_risk() -> None:
     assert risk.overcommit_ratio < 1.0
 
 
+def test_residents_already_past_the_ceiling_lift_its_cap() -> None:
+    # 32 sequences of the mix's 1,500 + 150 tokens would hold 52,800 of 84,000 tokens, yet
+    # 30 residents (longer than the mix, as a burst of long prompts brings) already hold
+    # 97 % and keep growing: the cap is the chance the residents in hand reach the top.
+    points = history(300, lambda t: 0.6 + 0.37 * t / 300, lambda t: 30.0)
+    risk = assess(inputs(points, max_num_seqs=32))
+    assert risk.preemption_risk > RISK_HALF
+    # The same ramp under a ceiling the residents do not contradict stays capped.
+    points = history(300, lambda t: 0.2 + 0.37 * t / 300, lambda t: 30.0)
+    assert assess(inputs(points, max_num_seqs=32)).preemption_risk < 0.01
+
+
 def test_fast_growth_is_a_risk() -> None:
     # From 30 % to 80 % in five minutes: at this rate the cache is full in two.
     points = history(300, lambda t: 0.3 + 0.5 * t / 300, lambda t: 20 + 60 * t / 300)
