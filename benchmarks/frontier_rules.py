@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.alert_quality import RULES, Condition, Rule, series_above
+from benchmarks.alert_scoring import RULES, Condition, Rule, series_above
 from exporter.replay import Tick
 from exporter.risk.model import ALERT_FOR_SECONDS
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.alert_scoring import evaluate
 from exporter import snapshot
 from exporter.log import configure
 from exporter.replay import Replay, Tick, replay
@@ -294,8 +295,6 @@ def reliability(runs: Sequence[FuzzRun]) -> list[dict[str, Any]]:
 
 
 def score(runs: Sequence[FuzzRun]) -> dict[str, Any]:
-    from benchmarks.alert_quality import evaluate
-
     kept = [r for r in runs if r.replay is not None]
     result = evaluate([r.replay for r in kept if r.replay is not None])
     by_kind: dict[str, dict[str, Any]] = {}

@@ -57,8 +57,15 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks import alert_quality
-from benchmarks.alert_quality import Rule, episodes, lead, score_and_usage_peak, series_above
+from benchmarks import alert_scoring
+from benchmarks.alert_scoring import (
+    Rule,
+    episodes,
+    lead,
+    scenario_class,
+    score_and_usage_peak,
+    series_above,
+)
 from benchmarks.fuzz import (
     BANDS,
     ROOT,
@@ -345,7 +352,6 @@ def library_runs(jobs: int, seeds: int = 3) -> list[Run]:
     +100 and +200, polled every 2 s, to its end), recorded and re-scored by today's model
     like a fuzz hour; kept in ``.cache/fuzz/library/`` keyed by the scenario and the
     sidecar's poll pipeline."""
-    from benchmarks.alert_quality import scenario_class
     from benchmarks.library import builtin_names, load_scenario
 
     work = []
@@ -504,7 +510,7 @@ def _either(th: float, u: float) -> Condition:
     return lambda ticks, i: ticks[i].preemption_risk > th or ticks[i].usage > u
 
 
-def _or(a: alert_quality.Condition, b: alert_quality.Condition) -> alert_quality.Condition:
+def _or(a: alert_scoring.Condition, b: alert_scoring.Condition) -> alert_scoring.Condition:
     return lambda ticks, i: a(ticks, i) or b(ticks, i)
 
 
@@ -546,7 +552,7 @@ def sidecar_rules() -> list[Rule]:
 
 def scraped_score_and_usage_peak(
     th: float, u: float, window: float, every: float
-) -> alert_quality.Condition:
+) -> alert_scoring.Condition:
     """``score_and_usage_peak`` as a Prometheus scraping every ``every`` seconds reads it:
     the score held from its last scrape, the usage's peak over the scrapes inside the
     window only (the benchmark polls every 2 s; the ServiceMonitor scrapes every 15 s, so
@@ -568,13 +574,13 @@ def scraped_score_and_usage_peak(
 
 def scraped_shipped(
     holds: Callable[[float, float | None], bool], window: float, every: float
-) -> alert_quality.Condition:
+) -> alert_scoring.Condition:
     """A shipped alert as a Prometheus scraping every ``every`` seconds reads it: the score
     and the sidecar's own usage peak over its polls of the last ``window``
     (``kv_headroom_kv_usage_max_*_ratio``), both held from the last scrape."""
 
     def held(ticks: list[Tick]) -> list[float]:
-        peak = alert_quality.max_over_time(ticks, window)
+        peak = alert_scoring.max_over_time(ticks, window)
         out: list[float] = []
         last = 0
         for i, x in enumerate(ticks):

@@ -8,16 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.alert_quality import (
+from benchmarks.alert_quality import main, plot
+from benchmarks.alert_scoring import (
     RULES,
     Rule,
     episodes,
     evaluate,
     held_longest,
     lead,
-    main,
     near_miss_seconds,
-    plot,
     targets,
 )
 from exporter.replay import Replay, Tick, gauge_resource

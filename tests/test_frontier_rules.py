@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from benchmarks import frontier_rules, fuzz_frontier
-from benchmarks.alert_quality import max_over_time, score_and_usage_peak
+from benchmarks.alert_scoring import max_over_time, score_and_usage_peak
 from exporter.replay import Tick
 from exporter.risk.model import page_holds
 from tests.rules.test_promtool import promtool

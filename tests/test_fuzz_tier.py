@@ -11,7 +11,7 @@ from typing import cast
 
 import pytest
 
-from benchmarks import alert_quality, frontier_rules, fuzz, fuzz_frontier
+from benchmarks import alert_scoring, frontier_rules, fuzz, fuzz_frontier
 from exporter.simulator import family
 
 SLICE = (11, 12)
@@ -86,7 +86,7 @@ def test_the_frontier_scores_the_shipped_alert_as_the_tier_does(
     # rule must be the tier's own figures, or its other rows compare unlike with unlike.
     # The shipped page is alert_quality's first rule (the score and the usage's peak), not
     # the score alone: the two agree only on hours where the usage gate never binds.
-    page = alert_quality.RULES[0]
+    page = alert_scoring.RULES[0]
     assert page.name == "kv_headroom"
     # Replays hold their ticks in a list, which the page's condition memoises by identity.
     point = fuzz_frontier.frontier_point(
