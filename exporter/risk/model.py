@@ -323,29 +323,45 @@ def _capped_touch(
 ) -> float | None:
     if not inputs.max_num_seqs or p is None or g is None:
         return None
-    assert inputs.prompt is not None
-    assert inputs.generation is not None
     m = inputs.max_num_seqs
-    # The sequences resident under a full cap are not a finished request's draw: each holds
-    # its slot for its decode steps, so a resident's generation length is weighted by
-    # itself (the inspection paradox): E[G²]/E[G] in mean, E[G³]/E[G] − that² in variance,
-    # twice a finished request's for exponential lengths. Its prompt is independent of G.
-    # Now, a resident is a uniform share of the way through its decode: half that mean,
-    # E[G³]/(3 E[G]) in second moment (a finished request's own mean, if exponential).
-    prompt_mean = inputs.prompt.sum / inputs.prompt.count
-    generation_mean = inputs.generation.sum / inputs.generation.count
-    if g[0] > 0:
-        grown = g[1] / g[0] if final else g[1] / (2 * g[0])
-        second = g[2] / g[0] if final else g[2] / (3 * g[0])
-    else:
-        grown, second = generation_mean, generation_mean**2
-    mean = prompt_mean + grown
-    var = max(0.0, p[1] - p[0] ** 2) + max(0.0, second - grown**2)
-    total, sd = m * mean, math.sqrt(m * var)
-    if sd <= 0:
-        return 1.0 if total >= inputs.capacity_tokens else 0.0
-    once = 1.0 - _NORMAL.cdf((inputs.capacity_tokens - total) / sd)
+    mean, var = _resident(inputs, p, g, final=final)
+    once = _reaches(inputs.capacity_tokens, m * mean, math.sqrt(m * var))
     return float(1.0 - (1.0 - once) ** draws)
+
+
+def _resident_generation(inputs: Inputs, g: Moments, *, final: bool) -> tuple[float, float]:
+    """A resident's generation length, E[·] and E[·²]: at its end (``final``), or so far.
+
+    The sequences resident under a full cap are not a finished request's draw: each holds
+    its slot for its decode steps, so a resident's generation length is weighted by itself
+    (the inspection paradox): E[G²]/E[G] in mean, E[G³]/E[G] − that² in variance, twice a
+    finished request's for exponential lengths. Now, a resident is a uniform share of the
+    way through its decode: half that mean, E[G³]/(3 E[G]) in second moment (a finished
+    request's own mean, if exponential) — and what it has still to generate has the same
+    law (the residual life)."""
+    if g[0] > 0:
+        if final:
+            return g[1] / g[0], g[2] / g[0]
+        return g[1] / (2 * g[0]), g[2] / (3 * g[0])
+    assert inputs.generation is not None
+    generation_mean = inputs.generation.sum / inputs.generation.count
+    return generation_mean, generation_mean**2
+
+
+def _resident(inputs: Inputs, p: Moments, g: Moments, *, final: bool) -> tuple[float, float]:
+    """What one resident holds, mean and variance: its prompt (the mean exact from the
+    histogram's sum, independent of G) and its generation (``_resident_generation``)."""
+    assert inputs.prompt is not None
+    prompt_mean = inputs.prompt.sum / inputs.prompt.count
+    grown, second = _resident_generation(inputs, g, final=final)
+    return prompt_mean + grown, max(0.0, p[1] - p[0] ** 2) + max(0.0, second - grown**2)
+
+
+def _reaches(capacity: float, total: float, sd: float) -> float:
+    """P(a normal of mean ``total`` and deviation ``sd`` reaches ``capacity``)."""
+    if sd <= 0:
+        return 1.0 if total >= capacity else 0.0
+    return float(1.0 - _NORMAL.cdf((capacity - total) / sd))
 
 
 def _held_touch(
@@ -355,22 +371,14 @@ def _held_touch(
     ceiling's per-slot draw, reach the top): the ceiling conditioned on now."""
     if not inputs.max_num_seqs or p is None or g is None or g[0] <= 0:
         return None
-    assert inputs.prompt is not None
     m = inputs.max_num_seqs
     held = min(float(m), max(0.0, running))
-    # A resident's remaining generation: the residual life of the observed lengths.
-    rest = g[1] / (2 * g[0])
-    rest_var = max(0.0, g[2] / (3 * g[0]) - rest**2)
-    prompt_mean = inputs.prompt.sum / inputs.prompt.count
-    grown, second = g[1] / g[0], g[2] / g[0]
-    slot = prompt_mean + grown
-    slot_var = max(0.0, p[1] - p[0] ** 2) + max(0.0, second - grown**2)
+    rest, rest_second = _resident_generation(inputs, g, final=False)
+    slot, slot_var = _resident(inputs, p, g, final=True)
     empty = m - held
     total = used + held * rest + empty * slot
-    sd = math.sqrt(held * rest_var + empty * slot_var)
-    if sd <= 0:
-        return 1.0 if total >= inputs.capacity_tokens else 0.0
-    return float(1.0 - _NORMAL.cdf((inputs.capacity_tokens - total) / sd))
+    sd = math.sqrt(held * max(0.0, rest_second - rest**2) + empty * slot_var)
+    return _reaches(inputs.capacity_tokens, total, sd)
 
 
 def _token_steps(p: Moments | None, g: Moments | None) -> float | None:
