@@ -56,6 +56,14 @@ __all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build"]
 # and before 0.20 the CUDA-graph pool too (not subtracted from the budget then).
 CUDA_CONTEXT_BYTES = GIB // 2
 RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
+# How long after vLLM's last answer its forecast is still served. A loaded vLLM's API server
+# can take longer than the sidecar's timeout to render /metrics (on the e2e tier's CPU
+# servers, one poll in five near the top of a ramp, two or three in a row): the load
+# figures of that poll are withheld, but the score, a three-minute forecast from the polls
+# that did answer, is as true as it was seconds ago. Withheld, it reset every alert's `for:`
+# at the very moment the cache filled (a gap at one evaluation is enough), so the warning
+# came late or not at all. Five default polls; longer, and the alerts are blind anyway.
+RISK_HOLD_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -387,9 +395,12 @@ def engine_view(
     mix_start: Observation | None = None,
     points: Sequence[Point] = (),
     excursion: float | None = None,
+    held: bool = False,
 ) -> EngineView:
     """One engine's view: its capacity (``engine_capacity``), then what the risk model makes
-    of it (``engine_risk``); a stale engine's load figures are withheld, and it gets no risk."""
+    of it (``engine_risk``); a stale engine's load figures are withheld, and it gets no risk
+    unless ``held`` (vLLM answered within RISK_HOLD_SECONDS: the forecast and its gates
+    stand as of that answer)."""
     cap = engine_capacity(
         raw,
         now_totals=now_totals,
@@ -398,8 +409,9 @@ def engine_view(
         plan=plan,
         max_model_len=max_model_len,
     )
+    forecast = not stale or held
     front = None
-    if not stale:
+    if forecast:
         front = engine_risk(
             raw.engine,
             cap,
@@ -441,8 +453,10 @@ def engine_view(
         load_headroom_ratio=headroom.ratio if headroom is not None else None,
         load_headroom_resource=headroom.resource if headroom is not None else None,
         budget_drift_ratio=cap.budget_drift_ratio,
-        kv_usage_peak_page=None if stale else usage_peak(points, ALERT_USAGE_WINDOW_SECONDS),
-        kv_usage_peak_warning=None if stale else usage_peak(points, WARNING_USAGE_WINDOW_SECONDS),
+        kv_usage_peak_page=usage_peak(points, ALERT_USAGE_WINDOW_SECONDS) if forecast else None,
+        kv_usage_peak_warning=(
+            usage_peak(points, WARNING_USAGE_WINDOW_SECONDS) if forecast else None
+        ),
     )
 
 
@@ -457,6 +471,7 @@ def engine_views(
     if latest is None or good is None or good.page is None:
         return ()
     stale = latest.page is None
+    held = stale and latest.time - good.time <= RISK_HOLD_SECONDS
     start = history.at_or_after(latest.time - window_seconds)
     max_model_len = deployment.max_model_len or (plan.max_model_len if plan else None)
     since = latest.time - RISK_HISTORY_SECONDS
@@ -474,6 +489,7 @@ def engine_views(
             mix_start=mix_start,
             points=history.points(raw.engine, since),
             excursion=(excursions or {}).get(raw.engine),
+            held=held,
         )
         for raw in good.page.engines
     )

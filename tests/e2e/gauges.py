@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ class Reading:
         return (
             f"{self.t - since:6.1f}s risk {f(self.risk, '.2f')} usage {f(self.usage, '.2f')} "
             f"running {f(self.running, 'g')} waiting {f(self.waiting, 'g')} "
-            f"history {f(self.history, '.0f')}s preemptions {f(self.preemptions, 'g')} "
+            f"30 s peak {f(self.peak_warning, '.2f')} history {f(self.history, '.0f')}s "
+            f"preemptions {f(self.preemptions, 'g')} "
             f"bottleneck {self.bottleneck or '-'} load headroom {f(self.load_headroom, '.2f')} "
             f"vllm up {f(self.vllm_up, 'g')}"
         )
@@ -72,6 +74,10 @@ def reading(t: float, text: str) -> Reading:
     )
 
 
-def timeline(readings: Sequence[Reading], since: float, until: float | None = None) -> str:
-    """The sidecar's readings as lines, for an assertion message."""
-    return "\n".join(r.row(since) for r in readings if until is None or r.t <= until)
+def timeline(
+    readings: Sequence[Reading], since: float, until: float | None = None, last: float = math.inf
+) -> str:
+    """The sidecar's readings as lines, for an assertion message: those up to ``until``, of
+    its ``last`` seconds."""
+    end = until if until is not None else max((r.t for r in readings), default=since)
+    return "\n".join(r.row(since) for r in readings if end - last <= r.t <= end)

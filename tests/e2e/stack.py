@@ -4,7 +4,8 @@ Per architecture: a vLLM server (dummy weights, a small KV cache), ``kv-headroom
 next to it, and one Prometheus with rules/ scraping every vLLM and sidecar each second.
 First streamed requests of known length, one at a time until the sidecar has read one
 running (tokens per running sequence) three times, then one
-closed-loop client for SAFE_S seconds (safe: the risk must stay low), then one more
+closed-loop client for at least SAFE_S seconds and until the sidecar has watched vLLM long
+enough to project a trend (``safe_phase``; safe: the risk must stay low), then one more
 client every STEP_S seconds, up to as many as must overfill the cache twice whatever the
 machine's speed (``most_clients``), until vLLM counts a preemption (the context quantiles
 are checked then). The architectures run side by side; afterwards the load stops and
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
+    TREND_MIN_SECONDS,
     WARNING_FOR_SECONDS,
     page_holds,
     warning_holds,
@@ -46,6 +48,12 @@ IMMINENT = "VllmKvCachePreemptionImminent"
 LIKELY = "VllmKvCachePreemptionLikely"
 PREEMPTING = "VllmKvCachePreempting"
 SAFE_S = 60.0
+# The ramp starts once the sidecar's history is this much past TREND_MIN_SECONDS: a sidecar
+# that has watched its vLLM for hours projects the ramp's trend from its first step, which
+# is what the stack checks. Before, the ramp started SAFE_S after the probes, however long
+# they had taken, and where they were quick (CI) the trend came only at the seventh client:
+# the warning then led the first preemption by +3 s, and Prometheus's by -4 s (stop 53).
+TREND_MARGIN_S = 10.0
 STEP_S = 20.0
 AFTER_PREEMPTION_S = 5.0
 # The requests' lengths (request_mix): the least of both is what a client surely holds.
@@ -113,16 +121,22 @@ def most_clients(tokens: int) -> int:
     return math.ceil(2 * tokens / (PROMPT[0] + ANSWER[0]))
 
 
-def clients(elapsed: float, tokens: int) -> int:
+def safe_phase(history: float | None) -> float:
+    """Seconds of one client, for a sidecar that has ``history`` seconds of its vLLM when
+    the run starts: SAFE_S, or longer until the trend has TREND_MARGIN_S of history."""
+    return max(SAFE_S, TREND_MIN_SECONDS + TREND_MARGIN_S - (history or 0.0))
+
+
+def clients(elapsed: float, tokens: int, safe: float = SAFE_S) -> int:
     """One client while safe; then two, one more every STEP_S seconds, up to most_clients."""
-    ramp = 1 if elapsed < SAFE_S else 2 + int((elapsed - SAFE_S) // STEP_S)
+    ramp = 1 if elapsed < safe else 2 + int((elapsed - safe) // STEP_S)
     return min(ramp, most_clients(tokens))
 
 
-def ramp_bound(samples: Sequence[Sample], tokens: int) -> float:
+def ramp_bound(samples: Sequence[Sample], tokens: int, safe: float = SAFE_S) -> float:
     """Seconds the ramp may run, from what the server has done so far: until its last
     client starts, then FILLS caches' worth of tokens at the rate it has generated them."""
-    last_client = SAFE_S + (most_clients(tokens) - 2) * STEP_S
+    last_client = safe + (most_clients(tokens) - 2) * STEP_S
     span = samples[-1].t - samples[0].t if samples else 0.0
     rate = (samples[-1].generated - samples[0].generated) / span if span > 0 else 0.0
     fill = FILLS * tokens / rate if rate > 0 else math.inf
@@ -174,6 +188,7 @@ class ArchRun:
     readings: list[Reading] = field(default_factory=list)  # the sidecar's gauges, each second
     load_stopped: float = 0.0
     unanswered: int = 0  # the watcher's reads of the sidecar that got no answer in time
+    safe: float = SAFE_S  # how long one client ran (safe_phase)
 
     @property
     def started(self) -> float:
@@ -186,7 +201,7 @@ class ArchRun:
     @property
     def safe_risk(self) -> list[float]:
         """The risk while one client ran, after its first 30 s (the probe just ended)."""
-        return [v for t, v, *_ in self.risk if self.started + 30 <= t <= self.started + SAFE_S]
+        return [v for t, v, *_ in self.risk if self.started + 30 <= t <= self.started + self.safe]
 
     @property
     def preemptions(self) -> float:
@@ -290,6 +305,8 @@ async def _probe_once(server: VllmServer, sidecar: Sidecar, run: ArchRun) -> Non
 
 async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: ArchRun) -> None:
     await _probe(server, sidecar, run)
+    history = value(run.sidecar_text, "kv_headroom_risk_history_seconds", engine="0")
+    run.safe = safe_phase(history)
     done = asyncio.Event()
 
     answers = _Answers(f"{arch.name} sidecar /metrics")
@@ -317,8 +334,10 @@ async def _arch(arch: Architecture, server: VllmServer, sidecar: Sidecar, run: A
     watcher = asyncio.create_task(watch())
     try:
         await drive_ramp(
-            server.url, model=server.model, concurrency=lambda t: clients(t, arch.tokens),
-            requests=request_mix, until=enough, bound=lambda s: ramp_bound(s, arch.tokens),
+            server.url, model=server.model,
+            concurrency=lambda t: clients(t, arch.tokens, run.safe),
+            requests=request_mix, until=enough,
+            bound=lambda s: ramp_bound(s, arch.tokens, run.safe),
             seed=ARCHITECTURES.index(arch), result=run.ramp,
         )  # fmt: skip
     finally:
@@ -418,7 +437,8 @@ def summary(run: StackRun) -> str:
         prom_early = f"{preempting - likely:+.0f} s" if likely and preempting else "n/a"
         lines.append(
             f"{name}: capacity {tokens:,.0f} tokens in {blocks:,.0f} blocks (expected "
-            f"{expected:,.0f}); risk while safe at most {max(a.safe_risk, default=0):.2f}; "
+            f"{expected:,.0f}); risk while safe ({a.safe:.0f} s of one client) at most "
+            f"{max(a.safe_risk, default=0):.2f}; "
             f"first preemption counted {first - a.started:.0f} s into the run, "
             f"{a.preemptions:g} in all; page {lead} and warning {early} before it; in Prometheus "
             f"{IMMINENT} {prom_lead} and {LIKELY} {prom_early} before {PREEMPTING}; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from exporter.risk.model import TREND_MIN_SECONDS
 from tests.e2e.stack import (
     ANSWER,
     ARCHITECTURES,
@@ -13,9 +14,11 @@ from tests.e2e.stack import (
     RAMP_CEILING_S,
     SAFE_S,
     STEP_S,
+    TREND_MARGIN_S,
     clients,
     most_clients,
     ramp_bound,
+    safe_phase,
 )
 from tests.e2e.vllm_harness import Sample
 
@@ -37,6 +40,21 @@ def test_the_ramp_adds_a_client_every_step_until_the_most() -> None:
     assert clients(SAFE_S, tokens) == 2
     assert clients(SAFE_S + 3 * STEP_S, tokens) == 5
     assert clients(1e6, tokens) == most_clients(tokens)
+
+
+def test_the_ramp_waits_until_the_sidecar_can_project_a_trend() -> None:
+    # the ramp's first step comes TREND_MARGIN_S after the trend's least history
+    for history in (0.0, None, 30.0):
+        assert (history or 0.0) + safe_phase(history) == TREND_MIN_SECONDS + TREND_MARGIN_S
+    assert safe_phase(TREND_MIN_SECONDS) == SAFE_S  # a sidecar that has watched long enough
+
+
+def test_a_later_ramp_adds_its_clients_and_ends_as_much_later() -> None:
+    tokens, safe = ARCHITECTURES[0].tokens, SAFE_S + 45.0
+    assert clients(safe - 1, tokens, safe) == 1
+    assert clients(safe, tokens, safe) == 2
+    fast = [sample(0, 0), sample(100, 100 * 1_000)]
+    assert ramp_bound(fast, tokens, safe) == ramp_bound(fast, tokens) + 45.0
 
 
 def test_the_ramp_bound_gives_a_slower_server_more_time() -> None:

@@ -15,11 +15,11 @@ import pytest
 from exporter.risk.model import WARNING_THRESHOLD
 from tests.e2e.gauges import timeline, value
 from tests.e2e.stack import (
+    AFTER_PREEMPTION_S,
     ARCHITECTURES,
     LIKELY,
     PREEMPTING,
     PROBE,
-    SAFE_S,
     ArchRun,
     StackRun,
     alert_fired_at,
@@ -110,7 +110,7 @@ def test_context_quantiles_match_the_workload_within_one_bucket(arch: ArchRun) -
 
 
 def test_the_risk_stays_below_the_threshold_while_the_load_is_safe(arch: ArchRun) -> None:
-    safe = arch.started + SAFE_S
+    safe = arch.started + arch.safe
     said = "sidecar's gauges, seconds into the run:\n" + timeline(arch.readings, arch.started, safe)
     assert arch.safe_risk
     assert max(arch.safe_risk) < WARNING_THRESHOLD, said
@@ -128,8 +128,11 @@ def test_the_warning_fires_before_vllm_counts_its_first_preemption(arch: ArchRun
     preempted = arch.first_preemption
     warned = alert_fired_at(arch.risk, warning=True)
     assert preempted is not None, "the workload never made vLLM preempt"
-    assert warned is not None, f"the warning's condition never held: {arch.risk[-40:]}"
-    assert warned < preempted
+    said = "sidecar's gauges, seconds into the run:\n" + timeline(
+        arch.readings, arch.started, preempted + AFTER_PREEMPTION_S, last=120.0
+    )
+    assert warned is not None, f"the warning's condition never held\n{said}"
+    assert warned < preempted, said
 
 
 def test_the_warning_fires_before_the_page(arch: ArchRun) -> None:
@@ -154,8 +157,11 @@ def test_the_load_headroom_falls_below_one_before_vllm_counts_its_first_preempti
 def test_prometheus_fires_likely_before_preempting(stack: StackRun, arch: ArchRun) -> None:
     likely, preempting = stack.first(LIKELY, arch), stack.first(PREEMPTING, arch)
     assert preempting is not None, stack.alerts
-    assert likely is not None, stack.alerts
-    assert likely < preempting
+    said = f"{stack.alerts}\nsidecar's gauges, seconds into the run:\n" + timeline(
+        arch.readings, arch.started, preempting + AFTER_PREEMPTION_S, last=120.0
+    )
+    assert likely is not None, said
+    assert likely < preempting, said
 
 
 def test_both_alerts_resolve_after_the_load_stops(stack: StackRun) -> None:

@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config import Config
 from exporter.server import create_app
+from exporter.snapshot import RISK_HOLD_SECONDS
 from tests.exposition import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig, fixture_page, unused_port
 from tests.sources.test_real_pages import served, without_series
@@ -151,6 +152,36 @@ async def test_capacity_stays_while_vllm_is_down_but_load_is_withheld(
     assert value(rig.text, "kv_headroom_kv_capacity_blocks", source="observed") == 48
     assert value(rig.text, "kv_headroom_kv_usage_ratio") is None
     assert value(rig.text, "kv_headroom_requests_running") is None
+
+
+async def test_the_risk_and_its_gates_stand_through_a_poll_vllm_was_too_busy_to_answer(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll(times=3)
+    before = rig.text
+    assert value(before, "kv_headroom_preemption_risk") is not None
+    fake_vllm.mode, fake_vllm.delay = "delay", 2.0  # beyond the rig's 0.5 s timeout
+    await rig.poll(times=2)  # 4 s after the last answer
+    assert vllm_up(rig.text) == 0
+    assert value(rig.text, "kv_headroom_kv_usage_ratio") is None
+    for name in (
+        "kv_headroom_preemption_risk",
+        "kv_headroom_kv_usage_max_30s_ratio",
+        "kv_headroom_kv_usage_max_1m_ratio",
+    ):
+        assert value(rig.text, name) == value(before, name), name
+
+
+async def test_the_risk_is_withheld_once_vllm_has_not_answered_for_the_hold(
+    fake_vllm: FakeVllm, make_rig: MakeRig
+) -> None:
+    rig = await make_rig(fake_vllm.url)
+    await rig.poll(times=3)
+    fake_vllm.mode = "status500"
+    await rig.poll(times=int(RISK_HOLD_SECONDS / 2.0) + 1)  # polls 2 s apart
+    assert value(rig.text, "kv_headroom_preemption_risk") is None
+    assert value(rig.text, "kv_headroom_kv_usage_max_30s_ratio") is None
 
 
 async def test_restart_with_lower_counters_never_lowers_preemptions(
