@@ -58,7 +58,7 @@ CUDA_CONTEXT_BYTES = GIB // 2
 RISK_HISTORY_SECONDS = 300.0  # what the risk model looks back over
 # How long after vLLM's last answer its forecast is still served. A loaded vLLM's API server
 # can take longer than the sidecar's timeout to render /metrics (on the e2e tier's CPU
-# servers, one poll in five near the top of a ramp, two or three in a row): the load
+# servers, up to one poll in five during a ramp, a few seconds at a time): the load
 # figures of that poll are withheld, but the score, a three-minute forecast from the polls
 # that did answer, is as true as it was seconds ago. Withheld, it reset every alert's `for:`
 # at the very moment the cache filled (a gap at one evaluation is enough), so the warning
