@@ -40,8 +40,10 @@ from exporter.sources.base import (
     SourceHealth,
     Stage,
 )
+from exporter.sources.cmdline import FLAGS
+from exporter.sources.records import VllmApi
 from exporter.sources.registry import REGISTRY
-from exporter.sources.vllm import VllmApi
+from exporter.sources.vllm import CARD, PAGE, VERSION
 from exporter.trail import Trail
 
 __all__ = ["Poller", "PollerDeps"]  # PollerDeps lives with the sources; callers import it here
@@ -108,7 +110,7 @@ class Poller:
         await self._run_stage(Stage.FIRST, now)
         appended = False
         try:
-            folded = fold(self._folder, now, readings.page)
+            folded = fold(self._folder, now, readings.get(PAGE))
             self.history.append(folded.observation)
             appended = True
             self._folder = folded.folder
@@ -204,7 +206,7 @@ class Poller:
 
     def _note_missing(self, readings: Readings) -> None:
         """vLLM answered without something the sidecar reads: once per change, a log event."""
-        page = readings.page
+        page = readings.get(PAGE)
         if page is None:
             return
         missing = page.missing
@@ -229,11 +231,11 @@ class Poller:
         and the sidecar's ``deployment:`` config, most trusted first."""
         good = self.history.last_good()
         page = good.page if good is not None else None
-        card, flags = self.readings.card, self.readings.flags
+        card, flags = self.readings.get(CARD), self.readings.get(FLAGS)
         deployment = resolved(
             cache_config=page.engines[0].cache_config if page and page.engines else None,
             max_model_len=card.max_model_len if card else None,
-            version=self.readings.version,
+            version=self.readings.get(VERSION),
             served_model=card.root if card else None,
             cmdline=flags.values if flags else None,
             cmdline_model=flags.model if flags else None,
@@ -278,7 +280,7 @@ class Poller:
             return snapshot
         # Without vLLM's preemption counter no poll can be judged: no figure at all, rather
         # than one that only ever learns "nothing followed".
-        page = self.readings.page
+        page = self.readings.get(PAGE)
         counted = {e.engine for e in page.engines if e.preemptions is not None} if page else set()
         views = []
         for view in snapshot.engines:

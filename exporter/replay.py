@@ -23,7 +23,7 @@ from exporter.poller import Poller, PollerDeps
 from exporter.simulator.engine import Engine
 from exporter.simulator.scenario import Scenario
 from exporter.simulator.simulation import Simulation
-from exporter.sources.vllm import ModelCard
+from exporter.sources.records import ModelCard
 from exporter.sources.vllm_page import VllmPage, parse_page
 
 

@@ -46,8 +46,9 @@ from exporter.risk.model import (
     usage_peak,
 )
 from exporter.sources.base import Readings, SourceState
-from exporter.sources.model_dir import LoadedModel
+from exporter.sources.model_dir import MODEL, LoadedModel
 from exporter.sources.nvml import GPU_MEMORY, GpuMemory
+from exporter.sources.vllm import CARD
 from exporter.sources.vllm_page import EngineMetrics
 
 __all__ = ["GIB", "EngineView", "GpuView", "Snapshot", "SourceState", "build"]
@@ -609,11 +610,12 @@ def served_model_name(readings: Readings, engines: Sequence[EngineView]) -> str 
     """The model as vLLM serves it (``--served-model-name``, else its ``--model``), so the
     sidecar's ``model`` label joins vLLM's own ``model_name``: /v1/models first, then the
     page's ``model_name`` label, then the model directory's name."""
-    if readings.card is not None and readings.card.names:
-        return readings.card.names[0]
+    card, model = readings.get(CARD), readings.get(MODEL)
+    if card is not None and card.names:
+        return card.names[0]
     if engines and engines[0].model_name:
         return engines[0].model_name
-    return readings.model.source.name if readings.model is not None else None
+    return model.source.name if model is not None else None
 
 
 def build(
@@ -630,7 +632,7 @@ def build(
 ) -> Snapshot:
     """Everything one poll exports, from the history and what the sources read
     (``excursions``: each engine's judged past, risk/calibration.py)."""
-    model = readings.model
+    model = readings.get(MODEL)
     gpu_memory = readings.get(GPU_MEMORY)
     nvml_gpus = gpu_memory.gpus if gpu_memory is not None else ()
     expected, note = expected_plan(deployment, model, nvml_gpus, configured_gpu)

@@ -1,6 +1,6 @@
-"""The import rules of docs/architecture.md, read from the code with ``ast``: no loop between
-``exporter/deployment.py`` and ``exporter/sources/``, ``metrics`` imports no source, and the
-poller imports no capacity module.
+"""The import rules of docs/architecture.md, read from the code with ``ast``: no import loop
+anywhere in the package, none between ``exporter/deployment.py`` and ``exporter/sources/``,
+``metrics`` imports no source, and the poller imports no capacity module.
 
 Every import statement of a module counts, wherever it is written: at the top, under
 ``if TYPE_CHECKING:`` (a type-only import is still a dependency a reader has to follow, and
@@ -182,6 +182,15 @@ def test_the_reader_reads_the_package() -> None:
 
 
 # --- the rules -----------------------------------------------------------------------------
+
+
+def test_no_module_imports_itself_back() -> None:
+    loops = []
+    for name, imports in graph().items():
+        back = next((c for c in (path_between(i.target, name) for i in imports) if c), None)
+        if back is not None:
+            loops.append(" -> ".join([name, *back]))
+    assert loops == []
 
 
 def test_no_loop_between_deployment_and_sources() -> None:

@@ -8,7 +8,9 @@ runs the due sources of a stage concurrently, times each, and keeps its ``Source
 A source module declares itself with a ``Plugin`` (its name, its settings, its enable flag
 and how to make it); adding a source is that one file and one line in
 ``sources/registry.py``. What a source reads for the snapshot goes in a typed ``Slot`` of
-``Readings``, declared beside the source, so no other source needs to know of it.
+``Readings``, declared beside the source, so no other source needs to know of it. The
+records sources hand each other and the poller injects live in ``sources/records.py`` and
+``sources/nvml_reader.py``, which import no source, so this module imports none either.
 
 Blocking work runs in daemon threads, one at a time per job: a call that hangs (a GPU that
 fell off the bus, a stale NFS mount) is waited on by later polls instead of being started
@@ -25,18 +27,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from exporter.deployment import Deployment
 from exporter.settings import Spec
-
-if TYPE_CHECKING:
-    from exporter.config import Config
-    from exporter.sources.cmdline import Flags, VllmProcess
-    from exporter.sources.model_dir import LoadedModel, ModelSource
-    from exporter.sources.nvml import NvmlReader
-    from exporter.sources.vllm import ModelCard, VllmApi
-    from exporter.sources.vllm_page import VllmPage
+from exporter.sources.nvml_reader import NvmlReader
+from exporter.sources.records import Flags, ModelSource, VllmApi, VllmProcess
 
 T = TypeVar("T")
 
@@ -68,12 +64,6 @@ class Slot(Generic[T]):
 class Readings:
     """The latest of what each source read: sources write it, ``snapshot.build`` reads it."""
 
-    page: VllmPage | None = None  # this poll's page; None when vLLM did not answer
-    card: ModelCard | None = None  # /v1/models, refreshed every minute and on a restart
-    version: str | None = None
-    process: VllmProcess | None = None  # the vLLM process, when its /proc entry is visible
-    flags: Flags | None = None
-    model: LoadedModel | None = None
     deployment: Deployment = field(default_factory=Deployment)  # set between the two stages
     # Which writer of a slot wins: the sources' names in registry order (the poller sets it).
     order: tuple[str, ...] = ()
@@ -119,6 +109,30 @@ class Closing(Protocol):
     async def close(self) -> None: ...
 
 
+class SourceConfig(Protocol):
+    """What the sources read of the sidecar's configuration (``exporter.config.Config``,
+    which imports the registry and so cannot be imported here)."""
+
+    @property
+    def vllm_url(self) -> str: ...
+
+    @property
+    def vllm_timeout_seconds(self) -> float: ...
+
+    @property
+    def model_path(self) -> str | None: ...
+
+    @property
+    def nvml_devices(self) -> tuple[str, ...] | None: ...
+
+    @property
+    def proc_path(self) -> str: ...
+
+    def get(self, spec: Spec[T]) -> T: ...
+
+    def value(self, key: str) -> Any: ...
+
+
 @dataclass
 class PollerDeps:
     """Everything the poller and its sources touch outside themselves; tests replace any of
@@ -136,7 +150,7 @@ class PollerDeps:
 class SourceContext:
     """What a plug-in is made from: the configuration, the poller's deps and vLLM's client."""
 
-    config: Config
+    config: SourceConfig
     deps: PollerDeps
     client: VllmApi
 
@@ -158,7 +172,7 @@ class Plugin:
     enabled: str | None = None
     flags: tuple[str, ...] = ()
 
-    def on(self, config: Config) -> bool:
+    def on(self, config: SourceConfig) -> bool:
         return self.enabled is None or bool(config.value(self.enabled))
 
 

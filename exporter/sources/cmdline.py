@@ -23,7 +23,6 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from urllib.parse import urlsplit
@@ -32,25 +31,11 @@ import yaml
 
 from exporter.errors import InputError
 from exporter.log import get_logger
-from exporter.sources.base import Jobs, Outcome, Plugin, Readings, SourceContext, Stage
+from exporter.sources.base import Jobs, Outcome, Plugin, Readings, Slot, SourceContext, Stage
+from exporter.sources.records import Flags, VllmProcess
 
 PROCESS_SCAN_SECONDS = 30.0
 VLLM_DEFAULT_PORT = 8000  # vLLM's --port when the command line does not set it
-
-
-@dataclass(frozen=True)
-class VllmProcess:
-    pid: int
-    argv: tuple[str, ...]
-    environ: Mapping[str, str]  # from /proc/PID/environ ({} when not readable)
-
-
-@dataclass(frozen=True)
-class Flags:
-    values: Mapping[str, object]  # canonical key -> typed value
-    origin: Mapping[str, str]  # canonical key -> "cmdline" | "config file <path>"
-    model: str | None
-    problems: tuple[str, ...]  # flags skipped, unreadable --config: each a one-line message
 
 
 def _int(text: str) -> int:
@@ -482,6 +467,11 @@ def serves(flags: Flags, host: str, port: int) -> bool:
     return _loopback(host) and (_every_interface(bound) or _loopback(bound))
 
 
+# What this source reads: the vLLM process (when its /proc entry is visible) and its flags.
+PROCESS: Slot[VllmProcess] = Slot("process")
+FLAGS: Slot[Flags] = Slot("flags")
+
+
 class ProcessSource:
     """The vLLM process and its flags, rescanned every 30 s and after a restart.
 
@@ -551,9 +541,11 @@ class ProcessSource:
             # stay the best word on the deployment until a scan finds a process again.
             return None
         process, flags = result
-        if readings.process is None or process.pid != readings.process.pid:
+        before = readings.get(PROCESS)
+        if before is None or process.pid != before.pid:
             self._log.info("vllm_process_found", pid=process.pid, problems=list(flags.problems))
-        readings.process, readings.flags = process, flags
+        readings.put(PROCESS, self.name, process)
+        readings.put(FLAGS, self.name, flags)
         return None
 
     async def on_restart(self, now: float, readings: Readings) -> None:

@@ -32,6 +32,7 @@ from exporter.settings import (
     parse_url,
 )
 from exporter.sources.base import Outcome, Plugin, Readings, SourceContext, Stage
+from exporter.sources.cmdline import PROCESS
 from exporter.sources.nvml import GPU_MEMORY, GpuMemory, NvmlSample
 from exporter.sources.vllm import redact
 
@@ -166,7 +167,7 @@ class DcgmSource:
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
         readings.put(GPU_MEMORY, self.name, None)
-        process = readings.process
+        process = readings.get(PROCESS)
         env = process.environ if process is not None and process.environ else self._env
         want, why = wanted(self._devices, env)
         try:

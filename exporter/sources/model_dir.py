@@ -29,25 +29,14 @@ from exporter.deployment import Deployment
 from exporter.errors import InputError
 from exporter.hub import load_from_hub, looks_like_repo_id
 from exporter.log import get_logger
-from exporter.sources.base import Jobs, Outcome, Plugin, Readings, SourceContext, Stage
+from exporter.sources.base import Jobs, Outcome, Plugin, Readings, Slot, SourceContext, Stage
+from exporter.sources.cmdline import PROCESS
+from exporter.sources.records import ModelSource
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # ModelOpt 0.29 and before keep the quantization here, beside config.json; vLLM reads it.
 _HF_QUANT_CONFIG = "hf_quant_config.json"
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A model's config and, when a directory holds them, its weights."""
-
-    name: str
-    config: dict[str, Any]
-    config_path: str  # a file path, or ``catalogue:NAME``
-    weights_bytes: int | None
-    weights_source: str
-    notes: tuple[str, ...] = ()
-    resolution: str = ""  # which config a name resolves to, where it is another name's
 
 
 def _catalogue_doc() -> Any:
@@ -240,6 +229,10 @@ def locate_model(
     return None
 
 
+# What this source reads: the model vLLM serves, once per location.
+MODEL: Slot[LoadedModel] = Slot("model")
+
+
 class ModelDirSource:
     """The model's ``config.json`` and checkpoint size, read again only when the location
     or dtype changes. Down (``not_configured``) without a model path: a choice, not an error.
@@ -266,14 +259,16 @@ class ModelDirSource:
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
         deployment = readings.deployment
-        env = readings.process.environ if readings.process is not None else self._env
+        process = readings.get(PROCESS)
+        env = process.environ if process is not None else self._env
         where = locate_model(self._configured, deployment, env)
         if where is None:
-            readings.model = None
+            readings.put(MODEL, self.name, None)
             return "not_configured", "no model path: set model.path"
         dtype = deployment.dtype or "auto"
         key = (where, dtype)
-        if readings.model is not None and readings.model.key == key:
+        loaded = readings.get(MODEL)
+        if loaded is not None and loaded.key == key:
             return None
         load = self._load
 
@@ -283,7 +278,7 @@ class ModelDirSource:
                 source.config, source.config_path, dtype=dtype, name=source.name
             )
 
-        readings.model = None
+        readings.put(MODEL, self.name, None)
         try:
             # A model dir on a slow mount may take a few polls; the same read is awaited
             # again next poll rather than started twice.
@@ -294,7 +289,7 @@ class ModelDirSource:
             return "bad_model", str(e)
         except (OSError, ValueError, RecursionError) as e:
             return "bad_model", f"{where}: {type(e).__name__}: {e}"
-        readings.model = LoadedModel(key, source, arch)
+        readings.put(MODEL, self.name, LoadedModel(key, source, arch))
         self._log.info(
             "model_loaded",
             path=source.config_path,

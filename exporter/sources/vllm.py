@@ -14,16 +14,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from exporter.labels import cut_label
 from exporter.log import get_logger
-from exporter.sources.base import Outcome, Plugin, Readings, SourceContext, Stage
+from exporter.sources.base import Outcome, Plugin, Readings, Slot, SourceContext, Stage
 from exporter.sources.dialects import as_vllm
+from exporter.sources.records import ModelCard, VllmApi
 from exporter.sources.vllm_page import VllmPage, parse_page
 
 # /v1/models and /version answer a few hundred bytes; a megabyte is generous.
@@ -47,15 +48,6 @@ class SourceError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         super().__init__(message)
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """What ``/v1/models`` says: the served names and the context limit."""
-
-    names: tuple[str, ...]
-    max_model_len: int | None
-    root: str | None  # the model path or hub id vLLM loaded
 
 
 def client_session() -> aiohttp.ClientSession:
@@ -281,15 +273,10 @@ async def gather_vllm(
     return page_r, card, version
 
 
-class VllmApi(Protocol):
-    """What the sidecar asks of a vLLM server: ``VllmClient`` over HTTP, or the replay's
-    simulation answering in-process."""
-
-    async def metrics(self) -> VllmPage: ...
-
-    async def models(self) -> ModelCard: ...
-
-    async def version(self) -> str | None: ...
+# What this source reads, for the poller and the snapshot.
+PAGE: Slot[VllmPage] = Slot("page")  # this poll's page; None when vLLM did not answer
+CARD: Slot[ModelCard] = Slot("card")  # /v1/models, refreshed every minute and on a restart
+VERSION: Slot[str] = Slot("version")  # /version
 
 
 class VllmSource:
@@ -311,14 +298,14 @@ class VllmSource:
 
     async def poll(self, now: float, readings: Readings) -> Outcome:
         want_card = now >= self._card_due
-        readings.page = None
+        readings.put(PAGE, self.name, None)
         try:
             page, card, version = await gather_vllm(self._client, want_card=want_card)
         except SourceError as e:
             return e.kind, str(e)
         if want_card:
-            readings.card = card or readings.card
-            readings.version = version or readings.version
+            readings.put(CARD, self.name, card or readings.get(CARD))
+            readings.put(VERSION, self.name, version or readings.get(VERSION))
             self._card_due = now + CARD_REFRESH_SECONDS if card else now
         # Once when a page starts to carry problems (duplicates, bad values), once when it is
         # clean again: the page is still used, so this is a warning, not a source down.
@@ -333,7 +320,7 @@ class VllmSource:
             # Once: the series were read under another server's names (sources/dialects.py).
             self._log.info("vllm_page_dialect", dialect=page.dialect)
             self._dialect = page.dialect
-        readings.page = page
+        readings.put(PAGE, self.name, page)
         return None
 
     async def on_restart(self, now: float, readings: Readings) -> None:
@@ -342,11 +329,12 @@ class VllmSource:
             self._client.models(), self._client.version(), return_exceptions=True
         )
         if isinstance(card, ModelCard):
-            readings.card, self._card_due = card, now + CARD_REFRESH_SECONDS
+            readings.put(CARD, self.name, card)
+            self._card_due = now + CARD_REFRESH_SECONDS
         else:
             self._card_due = now  # the next poll asks again
         if isinstance(version, str):
-            readings.version = version
+            readings.put(VERSION, self.name, version)
         for result in (card, version):
             # A SourceError leaves the old card in place; anything else is a bug to show.
             if isinstance(result, BaseException) and not isinstance(result, SourceError):

@@ -11,6 +11,7 @@ import pytest
 from exporter.labels import MAX_CACHE_CONFIG_LABELS, MAX_ENGINES, MAX_LABEL_VALUE_LENGTH
 from exporter.poller import PollerDeps
 from exporter.sources.nvml import NvmlReader
+from exporter.sources.vllm import CARD
 from tests.faults.conftest import MakeSidecar, check_exposition, value
 from tests.scripted_vllm import JSON_FAULTS, ScriptedVllm
 from tests.sidecar.conftest import fixture_page
@@ -37,7 +38,7 @@ async def test_a_failing_models_or_version_answer_costs_nothing_but_the_card(
     await asyncio.wait_for(sidecar.poll(2), timeout=30)  # bounded by the read timeout
     text = await sidecar.scrape()
     assert value(text, "kv_headroom_source_up", source="vllm") == 1
-    assert sidecar.poller.readings.card is None
+    assert sidecar.poller.readings.get(CARD) is None
     assert not sidecar.named("poll_failed")
 
 

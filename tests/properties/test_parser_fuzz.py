@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from exporter.config import Config
 from exporter.poller import Poller, PollerDeps
-from exporter.sources.vllm import ModelCard, SourceError, read_page
+from exporter.sources.records import ModelCard
+from exporter.sources.vllm import SourceError, read_page
 from exporter.sources.vllm_page import parse_page
 from tests.conftest import FIXTURES
 from tests.exposition import families_by_name

@@ -12,7 +12,8 @@ from exporter.metrics import render_counted
 from exporter.poller import Poller, PollerDeps
 from exporter.snapshot import Snapshot
 from exporter.sources.base import Outcome, Readings, Source, Stage
-from exporter.sources.vllm import ModelCard, VllmClient
+from exporter.sources.records import ModelCard
+from exporter.sources.vllm import VllmClient
 from exporter.sources.vllm_page import VllmPage
 from tests.exposition import families_by_name
 from tests.sidecar.conftest import FakeVllm, MakeRig

@@ -5,6 +5,7 @@ and every source that holds something is closed."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -43,19 +44,19 @@ def test_every_registered_module_declares_its_plugin_under_its_own_name() -> Non
 
 
 def test_the_poller_wires_no_source_by_hand() -> None:
-    # The poll loop knows sources only through the registry: no source module is imported.
+    # The poll loop makes its sources only through the registry: from a source module it
+    # imports nothing but the slots it reads (vLLM's page, card and version, the flags).
     tree = ast.parse((ROOT / "exporter" / "poller.py").read_text())
-    imported = {
-        node.module
+    from_sources = {
+        (node.module, alias.name)
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module is not None
+        if isinstance(node, ast.ImportFrom)
+        and node.module in {f"exporter.sources.{m}" for m in MODULES}
+        for alias in node.names
     }
-    sources = {m for m in imported if m.startswith("exporter.sources.")}
-    assert sources == {
-        "exporter.sources.base",
-        "exporter.sources.registry",
-        "exporter.sources.vllm",
-    }
+    assert from_sources
+    for module, name in from_sources:
+        assert isinstance(getattr(importlib.import_module(module), name), Slot), (module, name)
 
 
 def test_a_slot_gives_the_first_registered_writer_that_has_a_value() -> None:

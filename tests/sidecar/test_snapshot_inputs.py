@@ -6,7 +6,8 @@ from exporter.config import Config
 from exporter.observe import Folder, fold
 from exporter.poller import Poller, PollerDeps
 from exporter.recent import Recent
-from exporter.sources.vllm import ModelCard
+from exporter.sources.records import ModelCard
+from exporter.sources.vllm import CARD
 from exporter.sources.vllm_page import parse_page
 from tests.conftest import FIXTURES
 
@@ -35,7 +36,7 @@ def test_the_deployment_is_the_same_object_until_what_it_comes_from_changes() ->
     page = parse_page((FIXTURES / "vllm" / "vllm-0.32-cpu-preempted.txt").read_text())
     poller = Poller(Config(nvml_enabled=False), None, PollerDeps())  # type: ignore[arg-type]
     folder = Folder()
-    poller.readings.card = ModelCard(names=("m",), max_model_len=2048, root=None)
+    poller.readings.put(CARD, "vllm", ModelCard(names=("m",), max_model_len=2048, root=None))
     resolved = []
     for now in (0.0, 2.0):
         folded = fold(folder, now, page)
@@ -43,7 +44,7 @@ def test_the_deployment_is_the_same_object_until_what_it_comes_from_changes() ->
         folder = folded.folder
         resolved.append(poller._resolve())
     assert resolved[1] is resolved[0]
-    poller.readings.card = ModelCard(names=("m",), max_model_len=4096, root=None)
+    poller.readings.put(CARD, "vllm", ModelCard(names=("m",), max_model_len=4096, root=None))
     changed = poller._resolve()
     assert changed is not resolved[0]
     assert changed.max_model_len == 4096

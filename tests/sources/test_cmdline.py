@@ -8,13 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from exporter.sources.base import Readings
-from exporter.sources.cmdline import (
-    Flags,
-    ProcessSource,
-    VllmProcess,
-    find_vllm_processes,
-    parse_flags,
-)
+from exporter.sources.cmdline import FLAGS, ProcessSource, find_vllm_processes, parse_flags
+from exporter.sources.records import Flags, VllmProcess
 
 SERVER = "vllm.entrypoints.openai.api_server"
 
@@ -244,7 +239,7 @@ async def believed(url: str, *argv: str) -> Flags | None:
     )
     readings = Readings()
     assert await source.poll(0.0, readings) is None
-    return readings.flags
+    return readings.get(FLAGS)
 
 
 async def test_an_unrelated_vllm_on_the_host_is_not_believed_for_a_remote_url() -> None:

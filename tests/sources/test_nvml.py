@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter.sources import nvml as nvml_module
+from exporter.sources import nvml_reader as nvml_module
 from exporter.sources.nvml import (
     GpuMemory,
     NvmlFailure,
