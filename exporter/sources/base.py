@@ -78,6 +78,8 @@ class Readings:
         written = self._slots.get(slot)
         if not written:
             return None
+        if len(written) == 1:  # one writer (all but GPU memory): no ranking, every poll
+            return cast(T, next(iter(written.values())))
         rank = {name: i for i, name in enumerate(self.order)}
         for writer in sorted(written, key=lambda w: (rank.get(w, len(rank)), w)):
             value = written[writer]

@@ -154,19 +154,25 @@ def first_preemption(samples: Sequence[Sample]) -> float | None:
 Gates = tuple[float, float, float | None, float | None]
 
 
-def alert_fired_at(series: Sequence[Gates], warning: bool = False) -> float | None:
-    """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
-    the sidecar's own series: the score and the usage peak it exports for the alert's gate."""
-    hold = WARNING_FOR_SECONDS if warning else ALERT_FOR_SECONDS
+def held_at(series: Sequence[Gates], holds: Callable[[Gates], bool], hold: float) -> float | None:
+    """When ``holds`` had held at every read for ``hold`` seconds (a rule's for:), or None."""
     pending = None
-    for t, risk, page_peak, warning_peak in series:
-        if warning_holds(risk, warning_peak) if warning else page_holds(risk, page_peak):
-            pending = t if pending is None else pending
-            if t - pending >= hold:
-                return t
+    for gates in series:
+        if holds(gates):
+            pending = gates[0] if pending is None else pending
+            if gates[0] - pending >= hold:
+                return gates[0]
         else:
             pending = None
     return None
+
+
+def alert_fired_at(series: Sequence[Gates], warning: bool = False) -> float | None:
+    """The shipped page (or, with ``warning``, the warning), Prometheus's for: included, on
+    the sidecar's own series: the score and the usage peak it exports for the alert's gate."""
+    if warning:
+        return held_at(series, lambda g: warning_holds(g[1], g[3]), WARNING_FOR_SECONDS)
+    return held_at(series, lambda g: page_holds(g[1], g[2]), ALERT_FOR_SECONDS)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from tests.e2e.stack import (
     ArchRun,
     StackRun,
     alert_fired_at,
+    held_at,
 )
 
 pytestmark = pytest.mark.vllm
@@ -136,14 +137,9 @@ def test_the_score_holds_above_the_warning_threshold_before_vllm_counts_its_firs
     said = "sidecar's gauges, seconds into the run:\n" + timeline(
         arch.readings, arch.started, preempted + AFTER_PREEMPTION_S, last=120.0
     )
-    since = None
-    for t, risk, *_ in arch.risk:
-        since = (since or t) if risk > WARNING_THRESHOLD else None
-        if since is not None and t - since >= WARNING_FOR_SECONDS:
-            break
-    else:
-        raise AssertionError(f"the score never held above the warning's threshold\n{said}")
-    assert t < preempted, said
+    above = held_at(arch.risk, lambda g: g[1] > WARNING_THRESHOLD, WARNING_FOR_SECONDS)
+    assert above is not None, f"the score never held above the warning's threshold\n{said}"
+    assert above < preempted, said
 
 
 def test_the_warning_fires_before_the_page(arch: ArchRun) -> None:
