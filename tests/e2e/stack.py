@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from exporter.risk.model import (
     ALERT_FOR_SECONDS,
+    LEVEL_SECONDS,
     TREND_MIN_SECONDS,
     WARNING_FOR_SECONDS,
     page_holds,
@@ -47,7 +48,12 @@ from tests.processes import Prometheus, Sidecar
 IMMINENT = "VllmKvCachePreemptionImminent"
 LIKELY = "VllmKvCachePreemptionLikely"
 PREEMPTING = "VllmKvCachePreempting"
-SAFE_S = 60.0
+# The safe phase's score is checked from LEVEL_SECONDS in: until then the level (the occupancy's
+# mean over LEVEL_SECONDS) still holds the probes', one 1,800-token request a quarter of the
+# cache, and the score with it (a clean clone's CI: 0.99 as the phase began, 0.55 at 30 s,
+# 0.39 at 38 s under one client at 10 % usage). Then SAFE_CHECKED_S of the safe load alone.
+SAFE_CHECKED_S = 30.0
+SAFE_S = LEVEL_SECONDS + SAFE_CHECKED_S
 # The ramp starts once the sidecar's history is this much past TREND_MIN_SECONDS: a sidecar
 # that has watched its vLLM for hours projects the ramp's trend from its first step, which
 # is what the stack checks. Before, the ramp started SAFE_S after the probes, however long
@@ -207,8 +213,9 @@ class ArchRun:
 
     @property
     def safe_risk(self) -> list[float]:
-        """The risk while one client ran, after its first 30 s (the probe just ended)."""
-        return [v for t, v, *_ in self.risk if self.started + 30 <= t <= self.started + self.safe]
+        """The risk while one client ran, once the level held only its load (SAFE_S)."""
+        start = self.started + LEVEL_SECONDS
+        return [v for t, v, *_ in self.risk if start <= t <= self.started + self.safe]
 
     @property
     def preemptions(self) -> float:
