@@ -29,12 +29,12 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 from benchmarks.alert_scoring import RULES, Condition, Rule
 from exporter.replay import Tick
 from exporter.risk.model import ALERT_THRESHOLD, HORIZON
+from exporter.risk.odds import MAX_WEIGHT  # a longer wait between polls is a gap
 
 PRIOR = 0.211  # dev polls with the score above 0.99 that a counted preemption followed
 PRIOR_SECONDS = 600.0  # the prior weighs as much as ten minutes of page-level polls
 STAND_DOWN = 0.5  # the page stands down below this share of the prior
-HALF_LIFE_SECONDS = 3600.0
-MAX_WEIGHT = 60.0  # as odds.py: a longer wait between polls is a gap, not time at a score
+HALF_LIFE_SECONDS = 3600.0  # what the record holds halves with each hour
 
 
 def stood_down(
