@@ -7,7 +7,8 @@ Stop 56's variant (not shipped): the page **stands down on an engine whose own r
 its page-level scores are not followed by preemptions**. Per engine, each poll with the
 score above the page's threshold is judged as ``exporter/risk/odds.py`` judges a poll: a hit
 if vLLM counts a preemption within the horizon, a miss once the horizon passes without one,
-each weighed by its interval, decayed with a half-life. The page's odds are
+each weighed by its interval, decayed with a half-life (``Odds`` with the page's band as
+its top one). The page's odds are
 ``(hits + PRIOR_SECONDS × PRIOR) / (judged + PRIOR_SECONDS)``, and the page fires only while
 they are at least ``PRIOR × STAND_DOWN``: with no hit, until ``PRIOR_SECONDS`` of page-level
 polls have been judged misses. ``PRIOR`` is the dev tier's share of such polls that a
@@ -17,9 +18,8 @@ before it ran; no sweep.
 
 from __future__ import annotations
 
-import itertools
+import math
 import sys
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,12 +29,18 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
 from benchmarks.alert_scoring import RULES, Condition, Rule
 from exporter.replay import Tick
 from exporter.risk.model import ALERT_THRESHOLD, HORIZON
-from exporter.risk.odds import MAX_WEIGHT  # a longer wait between polls is a gap
+from exporter.risk.odds import Odds
 
 PRIOR = 0.211  # dev polls with the score above 0.99 that a counted preemption followed
 PRIOR_SECONDS = 600.0  # the prior weighs as much as ten minutes of page-level polls
 STAND_DOWN = 0.5  # the page stands down below this share of the prior
 HALF_LIFE_SECONDS = 3600.0  # what the record holds halves with each hour
+
+
+def _page_band(threshold: float) -> tuple[float, float]:
+    """Two bands whose upper one is the page's: a score above ``threshold`` (an ``Odds``
+    band holds its lower bound)."""
+    return 0.0, math.nextafter(threshold, math.inf)
 
 
 def stood_down(
@@ -43,33 +49,16 @@ def stood_down(
     horizon: float = HORIZON,
 ) -> list[bool]:
     """At each poll, whether the engine's own record of page-level scores has brought the
-    page's odds below ``PRIOR × STAND_DOWN``."""
-    hits = judged = 0.0
-    pending: deque[tuple[float, float]] = deque()  # (time, weight) awaiting their horizon
-    last: float | None = None
-    counted: float | None = None
+    page's odds below ``PRIOR × STAND_DOWN``. The record is ``Odds``' own judging, with the
+    page's score as its top band."""
+    odds = Odds(horizon, (0.0, PRIOR), _page_band(threshold), PRIOR_SECONDS, HALF_LIFE_SECONDS)
     out: list[bool] = []
     for tick in ticks:
-        if last is not None:
-            decay = 0.5 ** ((tick.t - last) / HALF_LIFE_SECONDS)
-            hits *= decay
-            judged *= decay
-        weight = 0.0 if last is None else min(max(0.0, tick.t - last), MAX_WEIGHT)
-        last = tick.t
-        if counted is not None and tick.preemptions_counted < counted:
-            counted = None  # vLLM restarted, and its counter with it
-        if counted is not None and tick.preemptions_counted > counted:
-            for _, w in pending:  # every poll still within its horizon saw one coming
-                hits += w
-                judged += w
-            pending.clear()
-        counted = tick.preemptions_counted
-        while pending and pending[0][0] <= tick.t - horizon:
-            judged += pending.popleft()[1]
-        if weight > 0 and tick.preemption_risk > threshold:
-            pending.append((tick.t, weight))
-        odds = (hits + PRIOR_SECONDS * PRIOR) / (judged + PRIOR_SECONDS)
-        out.append(odds < PRIOR * STAND_DOWN)
+        odds.observe(tick.t, tick.preemption_risk, tick.preemptions_counted)
+        hits, judged = odds.record(1)
+        # The top band's own odds, not the table's: pooling with the band below (which
+        # keeps the table in order) is no part of the variant.
+        out.append((hits + PRIOR_SECONDS * PRIOR) / (judged + PRIOR_SECONDS) < PRIOR * STAND_DOWN)
     return out
 
 
@@ -78,20 +67,15 @@ def prior_share(
 ) -> float:
     """``PRIOR`` measured: the share of polls (by their interval) with the score above
     ``threshold`` that a counted preemption followed within ``horizon``, over polls whose
-    horizon ended within their run."""
+    horizon ended within their run, each judged as ``Odds`` judges it (nothing decays)."""
     hit = seen = 0.0
     for ticks in runs:
-        rises = [b.t for a, b in itertools.pairwise(ticks)
-                 if b.preemptions_counted > a.preemptions_counted]  # fmt: skip
-        end = ticks[-1].t if ticks else 0.0
-        for before, tick in itertools.pairwise(ticks):
-            weight = min(tick.t - before.t, MAX_WEIGHT)
-            if tick.preemption_risk <= threshold or weight <= 0:
-                continue
-            followed = any(tick.t < r <= tick.t + horizon for r in rises)
-            if followed or tick.t + horizon <= end:
-                hit += weight if followed else 0.0
-                seen += weight
+        odds = Odds(horizon, (0.0, 0.0), _page_band(threshold), half_life=math.inf)
+        for tick in ticks:
+            odds.observe(tick.t, tick.preemption_risk, tick.preemptions_counted)
+        h, s = odds.record(1)
+        hit += h
+        seen += s
     return hit / seen if seen else 0.0
 
 

@@ -41,10 +41,10 @@ HALF_LIFE_SECONDS = 86400.0  # a day: what was learnt fades as traffic changes
 MAX_WEIGHT = 60.0
 
 
-def band(score: float) -> int:
-    """The band a score falls in (the last holds 0.9 and up)."""
+def band(score: float, bands: Sequence[float] = BANDS) -> int:
+    """The band a score falls in (each holds its lower bound; the last, 0.9 and up)."""
     i = 0
-    while i + 1 < len(BANDS) and score >= BANDS[i + 1]:
+    while i + 1 < len(bands) and score >= bands[i + 1]:
         i += 1
     return i
 
@@ -76,11 +76,23 @@ class Odds:
     score and vLLM's preemption counter; ``probability`` maps a score to the chance of a
     preemption within the horizon, as this engine has shown it so far."""
 
-    def __init__(self, horizon: float, prior: Sequence[float] = PRIOR) -> None:
+    def __init__(
+        self,
+        horizon: float,
+        prior: Sequence[float] = PRIOR,
+        bands: Sequence[float] = BANDS,
+        prior_seconds: float = PRIOR_SECONDS,
+        half_life: float = HALF_LIFE_SECONDS,
+    ) -> None:
+        # Other bands, prior weights and half-lives judge polls the same way: the page's
+        # variants in benchmarks/page_variants.py do.
         self.horizon = horizon
         self.prior = tuple(prior)
-        self._hits = [0.0] * len(BANDS)
-        self._seen = [0.0] * len(BANDS)
+        self.bands = tuple(bands)
+        self.prior_seconds = prior_seconds
+        self.half_life = half_life
+        self._hits = [0.0] * len(self.bands)
+        self._seen = [0.0] * len(self.bands)
         self._pending: deque[_Poll] = deque()
         self._last_t: float | None = None
         self._counted: float | None = None
@@ -88,7 +100,7 @@ class Odds:
 
     def observe(self, t: float, score: float, preemptions_counted: float) -> None:
         if self._last_t is not None:
-            decay = 0.5 ** ((t - self._last_t) / HALF_LIFE_SECONDS)
+            decay = 0.5 ** ((t - self._last_t) / self.half_life)
             self._hits = [h * decay for h in self._hits]
             self._seen = [s * decay for s in self._seen]
         weight = 0.0 if self._last_t is None else min(max(0.0, t - self._last_t), MAX_WEIGHT)
@@ -107,21 +119,26 @@ class Odds:
             p = self._pending.popleft()
             self._seen[p.band] += p.weight
         if weight > 0 and math.isfinite(score):
-            self._pending.append(_Poll(t, band(score), weight))
+            self._pending.append(_Poll(t, band(score, self.bands), weight))
         self._table = None
 
     def table(self) -> list[float]:
         """Each band's probability, in order."""
         if self._table is None:
             raw = [
-                (h + PRIOR_SECONDS * p) / (s + PRIOR_SECONDS)
+                (h + self.prior_seconds * p) / (s + self.prior_seconds)
                 for h, s, p in zip(self._hits, self._seen, self.prior, strict=True)
             ]
-            self._table = _ordered(raw, [s + PRIOR_SECONDS for s in self._seen])
+            self._table = _ordered(raw, [s + self.prior_seconds for s in self._seen])
         return self._table
 
     def probability(self, score: float) -> float:
-        return self.table()[band(score)]
+        return self.table()[band(score, self.bands)]
+
+    def record(self, i: int) -> tuple[float, float]:
+        """Band ``i``'s judged polls as they stand (decayed): the seconds a preemption
+        followed, and all the seconds judged."""
+        return self._hits[i], self._seen[i]
 
 
 class EngineOdds:
